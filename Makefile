@@ -1,0 +1,40 @@
+# The two commands a person types: `make demo` and `make test`.
+# Each creates (or reuses) .venv from uv.lock by itself; uv is installed with
+# pip into .tools/ when it is not on PATH.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+UV := $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
+VENV := .venv
+RUN := $(UV) run --frozen --no-sync
+
+.PHONY: demo test lint types imports pytest clean
+
+.tools/bin/uv:
+	$(PYTHON) -m venv .tools
+	.tools/bin/pip install --quiet uv
+
+$(VENV)/.synced: uv.lock pyproject.toml | $(UV)
+	$(UV) sync --frozen --all-extras
+	touch $@
+
+demo: $(VENV)/.synced
+	$(RUN) gapline demo
+
+test: $(VENV)/.synced lint types imports pytest
+
+lint: $(VENV)/.synced
+	$(RUN) ruff check src tests bench
+	$(RUN) ruff format --check src tests bench
+
+types: $(VENV)/.synced
+	$(RUN) ty check
+
+imports: $(VENV)/.synced
+	$(RUN) lint-imports
+
+pytest: $(VENV)/.synced
+	$(RUN) pytest
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache .ruff_cache

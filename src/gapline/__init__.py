@@ -1,0 +1,3 @@
+"""gapline: message history that never pretends to be complete."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,117 @@
+"""The one storage contract every gapline store is written against.
+
+An *operation* is a plain synchronous function ``op(tx) -> T`` that runs on a
+database thread inside a transaction. Operations never await: a transaction is
+one thread hop, so nothing can interleave with it, and the event loop never
+blocks on the driver. The async methods of :class:`Backend` schedule operations
+and resolve once their outcome is final.
+
+SQL is written once for both dialects with ``?`` placeholders; the PostgreSQL
+backend rewrites them. Where the dialects differ (BLOB vs BYTEA, AUTOINCREMENT
+vs IDENTITY), a migration carries both texts and code branches on ``tx.dialect``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+__all__ = ["Backend", "Dialect", "Migration", "Tx"]
+
+T = TypeVar("T")
+
+
+class Dialect(enum.Enum):
+    SQLITE = "sqlite"
+    POSTGRES = "postgres"
+
+
+class Tx(Protocol):
+    """A transaction (or a savepoint inside a group commit) seen by one operation."""
+
+    @property
+    def dialect(self) -> Dialect: ...
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; return the number of rows it changed (-1 when unknown)."""
+        ...
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        """Run one statement once per parameter row."""
+        ...
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        """The first row of a query, or None."""
+        ...
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Every row of a query. Callers bound it with LIMIT: no unbounded reads."""
+        ...
+
+    def notify(self, channel: str, payload: str) -> None:
+        """Publish ``payload`` on ``channel`` once this transaction commits.
+
+        Subscribers in every process sharing the database receive it
+        (PostgreSQL: NOTIFY; SQLite: in-process). A rolled-back savepoint or
+        transaction publishes nothing.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One numbered, commented schema change. ``postgres`` defaults to ``sqlite``."""
+
+    version: int
+    name: str
+    sqlite: str
+    postgres: str | None = None
+
+    def text_for(self, dialect: Dialect) -> str:
+        if dialect is Dialect.POSTGRES and self.postgres is not None:
+            return self.postgres
+        return self.sqlite
+
+
+class Backend(Protocol):
+    """A durable database shared by gapline's stores.
+
+    Contract (held by tests/storage/contract.py on every implementation):
+
+    - ``write(op)`` runs ``op`` in a write transaction, isolated by its own
+      savepoint when the backend groups several writes into one commit. If
+      ``op`` raises, exactly its own changes are rolled back and the exception
+      reaches the caller; other operations of the group commit normally.
+      The returned awaitable resolves only after the commit that holds the
+      write is durable (fsync'd, ``synchronous=FULL`` / default PostgreSQL
+      commit), so a crash after it resolves cannot lose the write.
+    - Writes from one caller, awaited in sequence, commit in that order.
+    - Cancelling a caller never leaves a half-written transaction: an op runs
+      entirely or not at all. Once started it finishes; the caller just stops
+      waiting for the outcome.
+    - ``read(op)`` runs ``op`` on a read connection that sees a consistent
+      committed snapshot and never blocks writers. A read function must not write.
+    - ``migrate(schema, migrations)`` applies, once each and in version order,
+      the migrations of ``schema`` not yet applied; it is safe when several
+      processes open the same database at once, and refuses a database that
+      already holds a newer version than the code knows.
+    - ``close()`` stops accepting work, waits for queued and in-flight
+      operations, and closes the connections. Further calls raise BackendClosed.
+    """
+
+    @property
+    def dialect(self) -> Dialect: ...
+
+    async def write(self, op: Callable[[Tx], T]) -> T: ...
+
+    async def read(self, op: Callable[[Tx], T]) -> T: ...
+
+    async def migrate(self, schema: str, migrations: Sequence[Migration]) -> None: ...
+
+    def subscribe(self, channel: str) -> AsyncIterator[str]:
+        """Payloads published with ``Tx.notify`` on ``channel`` after this call."""
+        ...
+
+    async def close(self) -> None: ...
