@@ -1,0 +1,523 @@
+"""Pure request builders for the Matrix client-server API: no state, no I/O.
+
+Each function returns a frozen `Request` describing one HTTP call (method,
+percent-encoded path, query, JSON body). `MatrixClient` sends them; a test
+compares them; a sans-I/O generator (the history engine's gap filler) can
+yield them. Every path segment is quoted with *nothing* safe, so an ID that
+contains ``/``, ``#`` or ``?`` can never split or truncate the path. The
+access token never appears here: the client adds it as an ``Authorization``
+header when `Request.authenticated` is true.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import msgspec
+
+__all__ = [
+    "CLIENT_V1",
+    "CLIENT_V3",
+    "MEDIA_V3",
+    "Direction",
+    "Request",
+    "account_data",
+    "context",
+    "create_room",
+    "download_media",
+    "get_event",
+    "get_state",
+    "invite",
+    "join",
+    "joined_members",
+    "leave",
+    "login_password",
+    "logout",
+    "messages",
+    "put_account_data",
+    "put_state",
+    "redact",
+    "register",
+    "relations",
+    "room_state",
+    "send_event",
+    "send_receipt",
+    "set_read_markers",
+    "sync",
+    "sync_filter",
+    "upload_media",
+    "versions",
+    "whoami",
+]
+
+CLIENT_V3 = "/_matrix/client/v3"
+CLIENT_V1 = "/_matrix/client/v1"
+MEDIA_V3 = "/_matrix/media/v3"
+
+
+class Direction(enum.StrEnum):
+    """Pagination direction of ``/messages`` and ``/relations``."""
+
+    BACKWARD = "b"
+    FORWARD = "f"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One Matrix HTTP call, fully described and not yet sent.
+
+    ``path`` is already percent-encoded. ``json`` is a JSON-able body (or
+    ``None``); ``content`` carries raw bytes instead (media upload).
+    ``idempotent`` tells the client it may retry the call after a timeout or
+    a 5xx without risking a duplicate effect. ``long_poll_ms`` is how long the
+    server may legitimately hold the request (``/sync``'s ``timeout``): the
+    client adds it to its read timeout.
+    """
+
+    method: str
+    path: str
+    query: tuple[tuple[str, str], ...] = ()
+    json: Any = None
+    content: bytes | None = field(default=None, repr=False)
+    content_type: str | None = None
+    authenticated: bool = True
+    idempotent: bool = True
+    long_poll_ms: int | None = None
+
+    @property
+    def target(self) -> str:
+        """The path with its query string, for logs and error messages."""
+        if not self.query:
+            return self.path
+        from urllib.parse import urlencode
+
+        return f"{self.path}?{urlencode(self.query)}"
+
+
+def _path(prefix: str, *segments: str) -> str:
+    # quote(..., safe="") encodes "/" too: "!a/b:x" must stay ONE segment.
+    return prefix + "".join("/" + quote(str(s), safe="") for s in segments)
+
+
+def _q(**params: object) -> tuple[tuple[str, str], ...]:
+    """Query pairs in argument order, dropping ``None``; booleans as ``true``/``false``."""
+    out: list[tuple[str, str]] = []
+    for key, value in params.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out.append((key.rstrip("_"), "true" if value else "false"))
+        else:
+            out.append((key.rstrip("_"), str(value)))
+    return tuple(out)
+
+
+def _filter_param(value: str | Mapping[str, Any] | None) -> str | None:
+    """A filter is either a stored filter ID or an inline JSON object."""
+    if value is None or isinstance(value, str):
+        return value
+    return msgspec.json.encode(value).decode()
+
+
+# -- session -------------------------------------------------------------------------------
+
+
+def versions() -> Request:
+    """``GET /_matrix/client/versions`` (unauthenticated; used as a readiness probe)."""
+    return Request("GET", "/_matrix/client/versions", authenticated=False)
+
+
+def login_password(
+    user: str,
+    password: str,
+    *,
+    device_id: str | None = None,
+    initial_device_display_name: str | None = None,
+) -> Request:
+    """``POST /login`` with ``m.login.password``.
+
+    Passing the ``device_id`` of an earlier session reuses that device (its
+    sync position, keys and read markers) instead of creating a new one; only
+    then is the call safe to retry, since a retry cannot mint a second device.
+    """
+    body: dict[str, Any] = {
+        "type": "m.login.password",
+        "identifier": {"type": "m.id.user", "user": user},
+        "password": password,
+    }
+    if device_id is not None:
+        body["device_id"] = device_id
+    if initial_device_display_name is not None:
+        body["initial_device_display_name"] = initial_device_display_name
+    return Request(
+        "POST",
+        _path(CLIENT_V3, "login"),
+        json=body,
+        authenticated=False,
+        idempotent=device_id is not None,
+    )
+
+
+def register(
+    username: str,
+    password: str,
+    *,
+    device_id: str | None = None,
+    initial_device_display_name: str | None = None,
+    inhibit_login: bool = False,
+) -> Request:
+    """``POST /register`` completing the ``m.login.dummy`` flow in one step.
+
+    For test and demo homeservers with open registration and no verification.
+    """
+    body: dict[str, Any] = {
+        "auth": {"type": "m.login.dummy"},
+        "username": username,
+        "password": password,
+        "inhibit_login": inhibit_login,
+    }
+    if device_id is not None:
+        body["device_id"] = device_id
+    if initial_device_display_name is not None:
+        body["initial_device_display_name"] = initial_device_display_name
+    return Request(
+        "POST",
+        _path(CLIENT_V3, "register"),
+        query=(("kind", "user"),),
+        json=body,
+        authenticated=False,
+        idempotent=False,
+    )
+
+
+def whoami() -> Request:
+    """``GET /account/whoami``: who the token belongs to (user_id, device_id)."""
+    return Request("GET", _path(CLIENT_V3, "account", "whoami"))
+
+
+def logout() -> Request:
+    """``POST /logout``: invalidate this token and delete its device."""
+    return Request("POST", _path(CLIENT_V3, "logout"), json={})
+
+
+# -- sync and history ---------------------------------------------------------------------
+
+
+def sync_filter(
+    *,
+    timeline_limit: int | None = None,
+    lazy_load_members: bool | None = None,
+    base: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An inline sync filter; ``timeline_limit`` sets ``room.timeline.limit``."""
+    out: dict[str, Any] = {k: v for k, v in (base or {}).items()}
+    room = dict(out.get("room", {}))
+    if timeline_limit is not None:
+        room["timeline"] = {**room.get("timeline", {}), "limit": timeline_limit}
+    if lazy_load_members is not None:
+        room["state"] = {**room.get("state", {}), "lazy_load_members": lazy_load_members}
+    if room:
+        out["room"] = room
+    return out
+
+
+def sync(
+    *,
+    since: str | None = None,
+    timeout_ms: int | None = None,
+    filter: str | Mapping[str, Any] | None = None,  # noqa: A002 - the spec's name
+    timeline_limit: int | None = None,
+    full_state: bool | None = None,
+    set_presence: str | None = None,
+) -> Request:
+    """``GET /sync``.
+
+    ``filter`` is a filter ID or an inline filter object; ``timeline_limit``
+    is a shortcut that sets ``room.timeline.limit`` (merged into an inline
+    filter if one is given). ``timeout_ms`` is the server's long-poll hold.
+    """
+    if timeline_limit is not None:
+        if isinstance(filter, str):
+            raise ValueError("timeline_limit cannot be combined with a stored filter ID")
+        filter = sync_filter(timeline_limit=timeline_limit, base=filter)
+    return Request(
+        "GET",
+        _path(CLIENT_V3, "sync"),
+        query=_q(
+            since=since,
+            timeout=timeout_ms,
+            filter=_filter_param(filter),
+            full_state=full_state,
+            set_presence=set_presence,
+        ),
+        long_poll_ms=timeout_ms,
+    )
+
+
+def messages(
+    room_id: str,
+    *,
+    from_: str | None = None,
+    to: str | None = None,
+    dir: Direction | str = Direction.BACKWARD,  # noqa: A002 - the spec's name
+    limit: int | None = None,
+    filter: str | Mapping[str, Any] | None = None,  # noqa: A002
+) -> Request:
+    """``GET /rooms/{roomId}/messages``: one page of a room's history.
+
+    Without ``from_`` the server starts at the room's newest (``dir=b``) or
+    oldest (``dir=f``) accessible event.
+    """
+    return Request(
+        "GET",
+        _path(CLIENT_V3, "rooms", room_id, "messages"),
+        query=_q(
+            from_=from_,
+            to=to,
+            dir=Direction(dir).value,
+            limit=limit,
+            filter=_filter_param(filter),
+        ),
+    )
+
+
+def relations(
+    room_id: str,
+    event_id: str,
+    *,
+    rel_type: str | None = None,
+    event_type: str | None = None,
+    dir: Direction | str = Direction.BACKWARD,  # noqa: A002
+    from_: str | None = None,
+    to: str | None = None,
+    limit: int | None = None,
+    recurse: bool | None = None,
+) -> Request:
+    """``GET /_matrix/client/v1/rooms/{roomId}/relations/{eventId}[/{relType}[/{eventType}]]``."""
+    if event_type is not None and rel_type is None:
+        raise ValueError("event_type needs rel_type: the spec has no path for it alone")
+    segments = ["rooms", room_id, "relations", event_id]
+    if rel_type is not None:
+        segments.append(rel_type)
+        if event_type is not None:
+            segments.append(event_type)
+    return Request(
+        "GET",
+        _path(CLIENT_V1, *segments),
+        query=_q(
+            dir=Direction(dir).value, from_=from_, to=to, limit=limit, recurse=recurse
+        ),
+    )
+
+
+def get_event(room_id: str, event_id: str) -> Request:
+    """``GET /rooms/{roomId}/event/{eventId}``."""
+    return Request("GET", _path(CLIENT_V3, "rooms", room_id, "event", event_id))
+
+
+def context(
+    room_id: str,
+    event_id: str,
+    *,
+    limit: int | None = None,
+    filter: str | Mapping[str, Any] | None = None,  # noqa: A002
+) -> Request:
+    """``GET /rooms/{roomId}/context/{eventId}``: an event with its neighbours."""
+    return Request(
+        "GET",
+        _path(CLIENT_V3, "rooms", room_id, "context", event_id),
+        query=_q(limit=limit, filter=_filter_param(filter)),
+    )
+
+
+# -- sending -------------------------------------------------------------------------------
+
+
+def send_event(room_id: str, event_type: str, content: Mapping[str, Any], txn_id: str) -> Request:
+    """``PUT /rooms/{roomId}/send/{eventType}/{txnId}``.
+
+    Idempotent by the spec: a repeated ``txn_id`` from the same device returns
+    the first event's ID instead of sending again, so the client may retry.
+    """
+    return Request(
+        "PUT",
+        _path(CLIENT_V3, "rooms", room_id, "send", event_type, txn_id),
+        json=dict(content),
+    )
+
+
+def redact(room_id: str, event_id: str, txn_id: str, *, reason: str | None = None) -> Request:
+    """``PUT /rooms/{roomId}/redact/{eventId}/{txnId}`` (idempotent like send)."""
+    body: dict[str, Any] = {} if reason is None else {"reason": reason}
+    return Request(
+        "PUT", _path(CLIENT_V3, "rooms", room_id, "redact", event_id, txn_id), json=body
+    )
+
+
+def room_state(room_id: str) -> Request:
+    """``GET /rooms/{roomId}/state``: the room's whole current state."""
+    return Request("GET", _path(CLIENT_V3, "rooms", room_id, "state"))
+
+
+def get_state(room_id: str, event_type: str, state_key: str = "") -> Request:
+    """``GET /rooms/{roomId}/state/{eventType}/{stateKey}``: one state event's content."""
+    return Request("GET", _path(CLIENT_V3, "rooms", room_id, "state", event_type, state_key))
+
+
+def put_state(
+    room_id: str, event_type: str, content: Mapping[str, Any], state_key: str = ""
+) -> Request:
+    """``PUT /rooms/{roomId}/state/{eventType}/{stateKey}``."""
+    return Request(
+        "PUT",
+        _path(CLIENT_V3, "rooms", room_id, "state", event_type, state_key),
+        json=dict(content),
+    )
+
+
+# -- rooms and membership ------------------------------------------------------------------
+
+
+def create_room(
+    *,
+    name: str | None = None,
+    topic: str | None = None,
+    preset: str | None = None,
+    visibility: str | None = None,
+    invite: Iterable[str] = (),
+    is_direct: bool | None = None,
+    room_version: str | None = None,
+    initial_state: Iterable[Mapping[str, Any]] = (),
+    extra: Mapping[str, Any] | None = None,
+) -> Request:
+    """``POST /createRoom`` (not idempotent: a retry would make a second room)."""
+    body: dict[str, Any] = dict(extra or {})
+    for key, value in (
+        ("name", name),
+        ("topic", topic),
+        ("preset", preset),
+        ("visibility", visibility),
+        ("is_direct", is_direct),
+        ("room_version", room_version),
+    ):
+        if value is not None:
+            body[key] = value
+    if invites := list(invite):
+        body["invite"] = invites
+    if states := [dict(s) for s in initial_state]:
+        body["initial_state"] = states
+    return Request("POST", _path(CLIENT_V3, "createRoom"), json=body, idempotent=False)
+
+
+def join(room_id_or_alias: str, *, via: Iterable[str] = ()) -> Request:
+    """``POST /join/{roomIdOrAlias}`` (joining twice is harmless, so retryable)."""
+    return Request(
+        "POST",
+        _path(CLIENT_V3, "join", room_id_or_alias),
+        query=tuple(("via", server) for server in via),
+        json={},
+    )
+
+
+def leave(room_id: str, *, reason: str | None = None) -> Request:
+    """``POST /rooms/{roomId}/leave``."""
+    body: dict[str, Any] = {} if reason is None else {"reason": reason}
+    return Request("POST", _path(CLIENT_V3, "rooms", room_id, "leave"), json=body)
+
+
+def invite(room_id: str, user_id: str, *, reason: str | None = None) -> Request:
+    """``POST /rooms/{roomId}/invite`` (not retried: a second invite can be refused)."""
+    body: dict[str, Any] = {"user_id": user_id}
+    if reason is not None:
+        body["reason"] = reason
+    return Request(
+        "POST", _path(CLIENT_V3, "rooms", room_id, "invite"), json=body, idempotent=False
+    )
+
+
+def joined_members(room_id: str) -> Request:
+    """``GET /rooms/{roomId}/joined_members``."""
+    return Request("GET", _path(CLIENT_V3, "rooms", room_id, "joined_members"))
+
+
+# -- markers and account data --------------------------------------------------------------
+
+
+def set_read_markers(
+    room_id: str,
+    *,
+    fully_read: str | None = None,
+    read: str | None = None,
+    read_private: str | None = None,
+) -> Request:
+    """``POST /rooms/{roomId}/read_markers``: the fully-read marker and receipts at once."""
+    body: dict[str, str] = {}
+    if fully_read is not None:
+        body["m.fully_read"] = fully_read
+    if read is not None:
+        body["m.read"] = read
+    if read_private is not None:
+        body["m.read.private"] = read_private
+    return Request("POST", _path(CLIENT_V3, "rooms", room_id, "read_markers"), json=body)
+
+
+def send_receipt(
+    room_id: str,
+    event_id: str,
+    *,
+    receipt_type: str = "m.read",
+    thread_id: str | None = None,
+) -> Request:
+    """``POST /rooms/{roomId}/receipt/{receiptType}/{eventId}``."""
+    body: dict[str, str] = {} if thread_id is None else {"thread_id": thread_id}
+    return Request(
+        "POST",
+        _path(CLIENT_V3, "rooms", room_id, "receipt", receipt_type, event_id),
+        json=body,
+    )
+
+
+def account_data(user_id: str, data_type: str, *, room_id: str | None = None) -> Request:
+    """``GET /user/{userId}[/rooms/{roomId}]/account_data/{type}``."""
+    if room_id is None:
+        path = _path(CLIENT_V3, "user", user_id, "account_data", data_type)
+    else:
+        path = _path(CLIENT_V3, "user", user_id, "rooms", room_id, "account_data", data_type)
+    return Request("GET", path)
+
+
+def put_account_data(
+    user_id: str, data_type: str, content: Mapping[str, Any], *, room_id: str | None = None
+) -> Request:
+    """``PUT /user/{userId}[/rooms/{roomId}]/account_data/{type}``."""
+    get = account_data(user_id, data_type, room_id=room_id)
+    return Request("PUT", get.path, json=dict(content))
+
+
+# -- media ---------------------------------------------------------------------------------
+
+
+def upload_media(
+    data: bytes, *, content_type: str = "application/octet-stream", filename: str | None = None
+) -> Request:
+    """``POST /_matrix/media/v3/upload`` (not idempotent: a retry stores a second copy)."""
+    return Request(
+        "POST",
+        _path(MEDIA_V3, "upload"),
+        query=_q(filename=filename),
+        content=data,
+        content_type=content_type,
+        idempotent=False,
+    )
+
+
+def download_media(server_name: str, media_id: str, *, filename: str | None = None) -> Request:
+    """``GET /_matrix/client/v1/media/download/{serverName}/{mediaId}[/{fileName}]`` (authenticated media)."""
+    segments = ["media", "download", server_name, media_id]
+    if filename is not None:
+        segments.append(filename)
+    return Request("GET", _path(CLIENT_V1, *segments))

@@ -1,0 +1,188 @@
+"""Strict JSON parsing, canonical JSON (RFC 8785, safe integers only) and
+network-bound inputs.
+
+Every signature, hash, AAD and KDF input in Meshline is the canonical JSON of
+an object with the trusted network context added at its root as ``$context``.
+The context comes from local configuration only; a transmitted object that
+carries ``$context`` is refused (``WireContextForbidden``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import rfc8785
+
+from gapline.meshline._base64 import b64u_encode
+from gapline.meshline._errors import BadRequest, WireContextForbidden
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_SAFE_INTEGER",
+    "NetworkContext",
+    "canonical_json",
+    "network_bound_bytes",
+    "network_bound_hash",
+    "parse_json",
+    "sha256_text",
+]
+
+MAX_SAFE_INTEGER = 2**53 - 1
+MAX_DEPTH = 16
+
+_CONTEXT_RE = re.compile(r"neo:(0|[1-9][0-9]{0,9}):0x[0-9a-f]{40}")
+_INT_RE = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+class NetworkContext(str):
+    """A validated ``neo:<magic>:0x<registry>`` string, taken from trusted config.
+
+    No normalisation: anything but the exact canonical text is refused.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, value: object) -> NetworkContext:
+        if isinstance(value, NetworkContext):
+            return value
+        if not isinstance(value, str) or _CONTEXT_RE.fullmatch(value) is None:
+            raise BadRequest(f"invalid network context: {value!r}")
+        if int(value.split(":")[1]) > 0xFFFFFFFF:
+            raise BadRequest("network magic out of range")
+        return super().__new__(cls, value)
+
+    @property
+    def magic(self) -> int:
+        return int(self.split(":")[1])
+
+
+def _reject_float(text: str) -> Any:
+    raise BadRequest(f"protocol numbers are integers: {text}")
+
+
+def _parse_int(text: str) -> int:
+    if text == "-0" or _INT_RE.fullmatch(text) is None:
+        raise BadRequest(f"non-canonical integer: {text}")
+    value = int(text)
+    if abs(value) > MAX_SAFE_INTEGER:
+        raise BadRequest(f"integer outside the safe range: {text}")
+    return value
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise BadRequest("duplicate property name")
+    return result
+
+
+def _reject_constant(name: str) -> Any:
+    raise BadRequest(f"not JSON: {name}")
+
+
+def _check_tree(value: Any) -> None:
+    """Depth limit (root = 0) and Unicode scalar values, without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise BadRequest(f"JSON nested deeper than {MAX_DEPTH}")
+        if isinstance(node, str):
+            _check_scalar_text(node)
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                _check_scalar_text(key)
+                stack.append((child, depth + 1))
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node)
+
+
+def _check_scalar_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest("string holds a lone surrogate") from None
+
+
+def parse_json(data: bytes | str) -> Any:
+    """Parse protocol JSON strictly (general.md "JSON and field representations").
+
+    Refuses duplicate names, depth over 16, ``-0``, fractions, exponents,
+    integers beyond ±(2^53-1), NaN/Infinity, lone surrogates, invalid UTF-8
+    and trailing data.
+    """
+    if isinstance(data, bytes | bytearray | memoryview):
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadRequest("invalid UTF-8") from None
+    else:
+        text = data
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=_pairs,
+            parse_int=_parse_int,
+            parse_float=_reject_float,
+            parse_constant=_reject_constant,
+        )
+    except BadRequest:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"invalid JSON: {exc}") from None
+    _check_tree(value)
+    return value
+
+
+def _check_integers(value: Any) -> None:
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, bool) or node is None or isinstance(node, str):
+            continue
+        if isinstance(node, int):
+            if abs(node) > MAX_SAFE_INTEGER:
+                raise BadRequest("integer outside the safe range")
+        elif isinstance(node, float):
+            raise BadRequest("protocol numbers are integers")
+        elif isinstance(node, Mapping):
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+
+
+def canonical_json(value: Any) -> bytes:
+    """RFC 8785 canonical UTF-8 bytes, restricted to safe integers."""
+    _check_integers(value)
+    try:
+        return rfc8785.dumps(value)
+    except rfc8785.CanonicalizationError as exc:
+        raise BadRequest(f"cannot canonicalise: {exc}") from None
+
+
+def network_bound_bytes(
+    obj: Mapping[str, Any], context: NetworkContext, *, exclude: Iterable[str] = ()
+) -> bytes:
+    """Canonical bytes of ``obj`` minus root ``exclude`` fields, plus root ``$context``."""
+    if "$context" in obj:
+        raise WireContextForbidden("a protocol object must not carry $context")
+    bound = dict(obj)
+    for name in exclude:
+        bound.pop(name, None)
+    bound["$context"] = str(context)
+    return canonical_json(bound)
+
+
+def sha256_text(data: bytes) -> str:
+    """The spec's ``sha256:<base64url>`` digest text."""
+    return "sha256:" + b64u_encode(hashlib.sha256(data).digest())
+
+
+def network_bound_hash(
+    obj: Mapping[str, Any], context: NetworkContext, *, exclude: Iterable[str] = ()
+) -> str:
+    return sha256_text(network_bound_bytes(obj, context, exclude=exclude))
