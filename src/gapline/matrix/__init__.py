@@ -1,1 +1,85 @@
-"""gapline.matrix."""
+"""Matrix client-server access: pure request builders, typed responses, one async client.
+
+Layers (sans-I/O, after matrix-nio and httpx):
+
+- `gapline.matrix.api`: pure functions returning a `Request` (no I/O);
+- typed, frozen response structs (`SyncResponse`, `MessagesResponse`, ...);
+- `MatrixClient`: the async client whose single ``_send`` owns auth, retries
+  and timeouts, raising the `MatrixError` tree;
+- `gapline.matrix.testing`: an in-memory fake homeserver behind
+  ``httpx.MockTransport`` with fault knobs;
+- `gapline.matrix.devserver`: a throwaway real Synapse for tests and demos.
+"""
+
+from . import _api as api
+from ._api import Direction, Request
+from ._client import MatrixClient, RetryPolicy, Session
+from ._errors import (
+    Forbidden,
+    MatrixError,
+    MatrixHTTPError,
+    MatrixProtocolError,
+    MatrixUnavailable,
+    NotFound,
+    RateLimited,
+    UnknownToken,
+)
+from ._responses import (
+    BasicEvent,
+    ClientEvent,
+    ContextResponse,
+    EventBlock,
+    InvitedRoom,
+    JoinedRoom,
+    LeftRoom,
+    LoginResponse,
+    MessagesResponse,
+    RelationsResponse,
+    RoomMember,
+    Rooms,
+    SendResponse,
+    StateBlock,
+    StrippedStateEvent,
+    SyncResponse,
+    Timeline,
+    UploadResponse,
+    WhoAmIResponse,
+    parse,
+)
+
+__all__ = [
+    "BasicEvent",
+    "ClientEvent",
+    "ContextResponse",
+    "Direction",
+    "EventBlock",
+    "Forbidden",
+    "InvitedRoom",
+    "JoinedRoom",
+    "LeftRoom",
+    "LoginResponse",
+    "MatrixClient",
+    "MatrixError",
+    "MatrixHTTPError",
+    "MatrixProtocolError",
+    "MatrixUnavailable",
+    "MessagesResponse",
+    "NotFound",
+    "RateLimited",
+    "RelationsResponse",
+    "Request",
+    "RetryPolicy",
+    "RoomMember",
+    "Rooms",
+    "SendResponse",
+    "Session",
+    "StateBlock",
+    "StrippedStateEvent",
+    "SyncResponse",
+    "Timeline",
+    "UnknownToken",
+    "UploadResponse",
+    "WhoAmIResponse",
+    "api",
+    "parse",
+]

@@ -15,7 +15,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import msgspec
 
@@ -34,6 +34,7 @@ __all__ = [
     "invite",
     "join",
     "joined_members",
+    "kick",
     "leave",
     "login_password",
     "logout",
@@ -93,8 +94,6 @@ class Request:
         """The path with its query string, for logs and error messages."""
         if not self.query:
             return self.path
-        from urllib.parse import urlencode
-
         return f"{self.path}?{urlencode(self.query)}"
 
 
@@ -229,7 +228,7 @@ def sync(
     *,
     since: str | None = None,
     timeout_ms: int | None = None,
-    filter: str | Mapping[str, Any] | None = None,  # noqa: A002 - the spec's name
+    filter: str | Mapping[str, Any] | None = None,
     timeline_limit: int | None = None,
     full_state: bool | None = None,
     set_presence: str | None = None,
@@ -263,9 +262,9 @@ def messages(
     *,
     from_: str | None = None,
     to: str | None = None,
-    dir: Direction | str = Direction.BACKWARD,  # noqa: A002 - the spec's name
+    dir: Direction | str = Direction.BACKWARD,
     limit: int | None = None,
-    filter: str | Mapping[str, Any] | None = None,  # noqa: A002
+    filter: str | Mapping[str, Any] | None = None,
 ) -> Request:
     """``GET /rooms/{roomId}/messages``: one page of a room's history.
 
@@ -291,7 +290,7 @@ def relations(
     *,
     rel_type: str | None = None,
     event_type: str | None = None,
-    dir: Direction | str = Direction.BACKWARD,  # noqa: A002
+    dir: Direction | str = Direction.BACKWARD,
     from_: str | None = None,
     to: str | None = None,
     limit: int | None = None,
@@ -308,9 +307,7 @@ def relations(
     return Request(
         "GET",
         _path(CLIENT_V1, *segments),
-        query=_q(
-            dir=Direction(dir).value, from_=from_, to=to, limit=limit, recurse=recurse
-        ),
+        query=_q(dir=Direction(dir).value, from_=from_, to=to, limit=limit, recurse=recurse),
     )
 
 
@@ -324,7 +321,7 @@ def context(
     event_id: str,
     *,
     limit: int | None = None,
-    filter: str | Mapping[str, Any] | None = None,  # noqa: A002
+    filter: str | Mapping[str, Any] | None = None,
 ) -> Request:
     """``GET /rooms/{roomId}/context/{eventId}``: an event with its neighbours."""
     return Request(
@@ -353,9 +350,7 @@ def send_event(room_id: str, event_type: str, content: Mapping[str, Any], txn_id
 def redact(room_id: str, event_id: str, txn_id: str, *, reason: str | None = None) -> Request:
     """``PUT /rooms/{roomId}/redact/{eventId}/{txnId}`` (idempotent like send)."""
     body: dict[str, Any] = {} if reason is None else {"reason": reason}
-    return Request(
-        "PUT", _path(CLIENT_V3, "rooms", room_id, "redact", event_id, txn_id), json=body
-    )
+    return Request("PUT", _path(CLIENT_V3, "rooms", room_id, "redact", event_id, txn_id), json=body)
 
 
 def room_state(room_id: str) -> Request:
@@ -437,6 +432,14 @@ def invite(room_id: str, user_id: str, *, reason: str | None = None) -> Request:
     return Request(
         "POST", _path(CLIENT_V3, "rooms", room_id, "invite"), json=body, idempotent=False
     )
+
+
+def kick(room_id: str, user_id: str, *, reason: str | None = None) -> Request:
+    """``POST /rooms/{roomId}/kick`` (not retried: a second kick of a departed member fails)."""
+    body: dict[str, Any] = {"user_id": user_id}
+    if reason is not None:
+        body["reason"] = reason
+    return Request("POST", _path(CLIENT_V3, "rooms", room_id, "kick"), json=body, idempotent=False)
 
 
 def joined_members(room_id: str) -> Request:

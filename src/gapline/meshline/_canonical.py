@@ -25,6 +25,8 @@ __all__ = [
     "MAX_SAFE_INTEGER",
     "NetworkContext",
     "canonical_json",
+    "canonical_json_reference",
+    "local_input_bytes",
     "network_bound_bytes",
     "network_bound_hash",
     "parse_json",
@@ -138,26 +140,64 @@ def parse_json(data: bytes | str) -> Any:
     return value
 
 
-def _check_integers(value: Any) -> None:
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, bool) or node is None or isinstance(node, str):
-            continue
-        if isinstance(node, int):
-            if abs(node) > MAX_SAFE_INTEGER:
-                raise BadRequest("integer outside the safe range")
-        elif isinstance(node, float):
-            raise BadRequest("protocol numbers are integers")
-        elif isinstance(node, Mapping):
-            stack.extend(node.values())
-        elif isinstance(node, list | tuple):
-            stack.extend(node)
+def _check_values(value: Any) -> None:
+    """Only JSON types, string keys, safe integers: what RFC 8785 output may hold here."""
+    t = type(value)
+    if t is str or t is bool or value is None:
+        return
+    if t is int:
+        if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            raise BadRequest("integer outside the safe range")
+    elif t is dict or isinstance(value, Mapping):
+        for key, child in value.items():
+            if type(key) is not str:
+                raise BadRequest("object keys must be strings")
+            if type(child) is not str:
+                _check_values(child)
+    elif t is list or t is tuple:
+        for child in value:
+            if type(child) is not str:
+                _check_values(child)
+    elif isinstance(value, float):
+        raise BadRequest("protocol numbers are integers")
+    elif isinstance(value, int):  # bool subclasses and int subclasses
+        _check_values(int(value))
+    else:
+        raise BadRequest(f"not a JSON value: {type(value).__name__}")
+
+
+# Characters at or above U+E000 are where Python's code-point key order can differ from
+# RFC 8785's UTF-16 code-unit order (supplementary characters sort before U+E000..U+FFFF
+# in UTF-16). Output holding none of them cannot have such a key.
+_ORDER_SENSITIVE = re.compile("[\ue000-\U0010ffff]")
+_dumps = json.JSONEncoder(
+    ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
+).encode
 
 
 def canonical_json(value: Any) -> bytes:
-    """RFC 8785 canonical UTF-8 bytes, restricted to safe integers."""
-    _check_integers(value)
+    """RFC 8785 canonical UTF-8 bytes, restricted to safe integers.
+
+    The ``rfc8785`` package is the reference. For the protocol's value domain
+    (strings, safe integers, booleans, null, arrays, objects) the stdlib
+    encoder with sorted keys, no whitespace and raw UTF-8 emits the same bytes
+    (same escapes: ``\\b \\f \\n \\r \\t \\" \\\\`` and lowercase ``\\u00xx``) at a third
+    of the cost; any text where key order could differ goes through ``rfc8785``.
+    tests/meshline/test_properties.py holds the two equal on generated values.
+    """
+    _check_values(value)
+    text = _dumps(value)
+    if _ORDER_SENSITIVE.search(text) is not None:
+        return canonical_json_reference(value)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest("string holds a lone surrogate") from None
+
+
+def canonical_json_reference(value: Any) -> bytes:
+    """Canonical JSON through the ``rfc8785`` package (the reference implementation)."""
+    _check_values(value)
     try:
         return rfc8785.dumps(value)
     except rfc8785.CanonicalizationError as exc:
@@ -186,3 +226,15 @@ def network_bound_hash(
     obj: Mapping[str, Any], context: NetworkContext, *, exclude: Iterable[str] = ()
 ) -> str:
     return sha256_text(network_bound_bytes(obj, context, exclude=exclude))
+
+
+def local_input_bytes(obj: Mapping[str, Any], context: NetworkContext) -> bytes:
+    """Canonical bytes of a *locally built* input that may already name its context.
+
+    A ``$context`` already present must equal the trusted one; otherwise it is added.
+    """
+    if "$context" in obj:
+        if obj["$context"] != str(context):
+            raise BadRequest("local input names another network context")
+        return canonical_json(obj)
+    return canonical_json({**obj, "$context": str(context)})

@@ -64,6 +64,7 @@ HTTP_STATUS_BY_CODE: Mapping[str, int] = {
 # JSON-RPC error code for every spec error code (conventions.md "WebSocket").
 JSONRPC_CODE_BY_CODE: Mapping[str, int] = {
     "bad_request": -32602,
+    "method_not_found": -32601,
     "internal_error": -32603,
     "unauthorized": -32001,
     "forbidden": -32003,
@@ -90,7 +91,9 @@ class MeshlineError(Exception):
 
     code: str = "internal_error"
 
-    def __init__(self, message: str, *, code: str | None = None, data: Mapping[str, Any] | None = None):
+    def __init__(
+        self, message: str, *, code: str | None = None, data: Mapping[str, Any] | None = None
+    ):
         super().__init__(message)
         if code is not None:
             self.code = code
@@ -142,7 +145,9 @@ class RateLimited(RelayError):
     @property
     def retry_after(self) -> int | None:
         value = (self.data or {}).get("retry_after")
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+        return (
+            value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+        )
 
 
 def error_from_code(code: str, message: str, data: Mapping[str, Any] | None = None) -> RelayError:

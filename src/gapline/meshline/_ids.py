@@ -14,9 +14,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gapline.meshline._base64 import b64u_encode
+from gapline.meshline._base64 import b64u_decode, b64u_encode
 from gapline.meshline._canonical import NetworkContext, network_bound_bytes
 from gapline.meshline._errors import BadRequest
+from gapline.meshline._ripemd160 import ripemd160
 
 __all__ = [
     "DEVICE_ID_RE",
@@ -24,6 +25,7 @@ __all__ = [
     "check_account_id",
     "check_device_id",
     "check_message_id",
+    "decode_prefixed",
     "derive_device_id",
     "neo_account_id",
     "neo_script_hash",
@@ -41,7 +43,7 @@ _CHECKSIG = bytes.fromhex("4156e7b327")
 
 
 def _hash160(data: bytes) -> bytes:
-    return hashlib.new("ripemd160", hashlib.sha256(data).digest()).digest()
+    return ripemd160(hashlib.sha256(data).digest())
 
 
 def _b58encode(data: bytes) -> str:
@@ -117,3 +119,10 @@ def derive_device_id(
         device_identity_input(account, signing_public_key, encryption_public_key), context
     )
     return "dev_" + b64u_encode(hashlib.sha256(data).digest()[:16])
+
+
+def decode_prefixed(value: object, prefix: str, length: int) -> bytes:
+    """Bytes of a ``<prefix><canonical base64url>`` identifier (case-sensitive prefix)."""
+    if not isinstance(value, str) or not value.startswith(prefix):
+        raise BadRequest(f"identifier must start with {prefix!r}")
+    return b64u_decode(value[len(prefix) :], length=length, field=prefix)

@@ -5,6 +5,7 @@ Open a backend with :func:`open_backend` from a DSN: a SQLite file path, or a
 """
 
 from gapline.storage._backend import Backend, Dialect, Migration, Tx
+from gapline.storage._cipher import KdfParams, StoreCipher, change_passphrase, open_cipher
 from gapline.storage._errors import (
     BackendClosed,
     BackendUnavailable,
@@ -16,6 +17,7 @@ from gapline.storage._errors import (
     StorageError,
     WrongPassphrase,
 )
+from gapline.storage._open import open_backend
 
 __all__ = [
     "Backend",
@@ -25,10 +27,15 @@ __all__ = [
     "CorruptStore",
     "Dialect",
     "IntegrityError",
+    "KdfParams",
     "Migration",
     "MigrationError",
     "OperationalError",
     "StorageError",
+    "StoreCipher",
     "Tx",
     "WrongPassphrase",
+    "change_passphrase",
+    "open_backend",
+    "open_cipher",
 ]

@@ -111,7 +111,15 @@ class Backend(Protocol):
     async def migrate(self, schema: str, migrations: Sequence[Migration]) -> None: ...
 
     def subscribe(self, channel: str) -> AsyncIterator[str]:
-        """Payloads published with ``Tx.notify`` on ``channel`` after this call."""
+        """Payloads published with ``Tx.notify`` on ``channel`` after this call.
+
+        Call it from a coroutine. Payloads arrive in commit order, after their
+        transaction committed. The iterator ends when the backend closes;
+        ``aclose()`` it (or leave ``async for``) to unsubscribe. On PostgreSQL
+        the first subscription to a channel waits for the server to acknowledge
+        LISTEN (one local round trip); a lost LISTEN connection is re-established
+        but loses what was sent meanwhile, so treat a payload as a hint to re-read.
+        """
         ...
 
     async def close(self) -> None: ...

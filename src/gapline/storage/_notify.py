@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 __all__ = ["NotificationHub", "Subscription"]
 
@@ -124,8 +125,8 @@ class NotificationHub:
             _call_soon(sub._loop, sub._deliver, [_CLOSED])
 
 
-def _call_soon(loop: asyncio.AbstractEventLoop, fn: object, arg: object) -> None:
-    try:
-        loop.call_soon_threadsafe(fn, arg)  # type: ignore[arg-type]
-    except RuntimeError:
-        pass  # the subscriber's loop is closed: nobody is left to read it
+def _call_soon(
+    loop: asyncio.AbstractEventLoop, fn: Callable[[list[object]], None], arg: list[object]
+) -> None:
+    with contextlib.suppress(RuntimeError):  # the subscriber's loop is closed: nobody reads it
+        loop.call_soon_threadsafe(fn, arg)

@@ -1,0 +1,189 @@
+"""Benchmark: the engine's cost of filling a gap, page by page.
+
+Prints one JSON object on stdout (progress on stderr):
+
+- ``fake_overhead_ms_per_page``: for a 200-event gap (four pages of 50) against the
+  in-process fake homeserver, the fill's wall time minus the time spent inside
+  ``MatrixClient.request`` (HTTP to the fake, parsing), per page: what the engine adds
+  (commit with sealing and hashing, the timeline diffs, publishing). Target <= 3 ms.
+  Median over ``runs`` fills; ``fake_total_ms_per_page`` is the whole fill per page.
+- ``synapse_fill_ms`` / ``synapse_raw_ms`` / ``synapse_ratio``: the same fill against a
+  real Synapse next to a raw ``/messages`` walk of the same four pages from the same
+  cursor, in one run. Target ratio <= 1.3. ``null`` when Synapse is skipped
+  (``--quick`` or ``--no-synapse``) or cannot start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gapline.history import (
+    Cancel,
+    Engine,
+    FillGap,
+    HistoryGapItem,
+    HistoryRepair,
+    Mirror,
+    OpenRoom,
+    Publisher,
+    RetryRecent,
+)
+from gapline.matrix import MatrixClient, MessagesResponse, RetryPolicy, api
+from gapline.matrix.testing import FakeHomeserver
+from gapline.storage import KdfParams
+
+NO_RETRY = RetryPolicy(attempts=1, rate_limit_attempts=1)
+GAP = 200
+
+
+def log(*args: object) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+class TimedClient:
+    """Wraps a client's ``request`` to add up the time spent in it."""
+
+    def __init__(self, client: MatrixClient) -> None:
+        self.client = client
+        self.spent = 0.0
+        original = client.request
+
+        async def request(req: Any, response_type: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await original(req, response_type)
+            finally:
+                self.spent += time.perf_counter() - t0
+
+        client.request = request  # type: ignore[method-assign]
+
+
+async def gap_in(engine: Engine, room: str) -> HistoryGapItem:
+    [gap] = [i for i in engine.timeline(room).state.items if isinstance(i, HistoryGapItem)]
+    return gap
+
+
+async def one_fake_fill(store: Path, pages_out: list[float], totals: list[float]) -> None:
+    fake = FakeHomeserver()
+    alice = fake.register("alice")
+    room = fake.create_room(alice.user_id, name="bench")
+    fake.send_messages(alice.user_id, room, [f"old {i}" for i in range(20)])
+    async with fake.client(alice, retry=NO_RETRY) as client:
+        async with Engine.open(
+            store,
+            client,
+            passphrase="bench",
+            sink=Publisher([Mirror()]),
+            sync=False,
+            sync_timeline_limit=10,
+            kdf_cost=KdfParams.cheap(),
+        ) as engine:
+            await engine.sync_once()
+            await engine.execute(OpenRoom(room))
+            await engine.execute(HistoryRepair(RetryRecent(room)))
+            fake.send_messages(alice.user_id, room, [f"new {i}" for i in range(GAP + 10)])
+            await engine.sync_once()
+            gap = await gap_in(engine, room)
+            timed = TimedClient(client)
+            t0 = time.perf_counter()
+            await engine.execute(HistoryRepair(FillGap(room, gap.id)))
+            total = time.perf_counter() - t0
+            pages = GAP // 50
+            pages_out.append((total - timed.spent) * 1000 / pages)
+            totals.append(total * 1000 / pages)
+
+
+async def synapse_fill(tmp: Path) -> dict[str, Any]:
+    from gapline.matrix.devserver import SynapseServer
+
+    log("starting Synapse")
+    server = await asyncio.to_thread(SynapseServer.start)
+    try:
+        alice = await server.register_user(server.unique_localpart("bench"))
+        room = await server.create_room(alice, name="bench")
+        await server.send_messages(alice, room, [f"old {i}" for i in range(20)])
+        async with server.client(alice, retry=NO_RETRY) as client:
+            async with Engine.open(
+                tmp / "synapse",
+                client,
+                passphrase="bench",
+                sink=Publisher([Mirror()]),
+                sync=False,
+                sync_timeline_limit=10,
+                kdf_cost=KdfParams.cheap(),
+            ) as engine:
+                await engine.sync_once()
+                await engine.execute(OpenRoom(room))
+                await engine.execute(HistoryRepair(Cancel(room)))
+                log(f"sending {GAP + 10} messages")
+                await server.send_messages(alice, room, [f"new {i}" for i in range(GAP + 10)])
+                await engine.sync_once()
+                gap = await gap_in(engine, room)
+                record = await engine.store.gap(room, gap.id)
+                assert record is not None and record.cursor is not None
+                cursor = record.cursor
+                # Warm both paths once (connection setup, Synapse caches) on a throwaway walk.
+                await client.messages(room, from_=cursor, dir="b", limit=50)
+                t0 = time.perf_counter()
+                await engine.execute(HistoryRepair(FillGap(room, gap.id)))
+                fill = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            token: str | None = cursor
+            for _ in range(GAP // 50):
+                page = await client.request(
+                    api.messages(room, from_=token, dir="b", limit=50),
+                    MessagesResponse,
+                )
+                token = page.end
+            raw = time.perf_counter() - t0
+        return {
+            "synapse_fill_ms": round(fill * 1000, 2),
+            "synapse_raw_ms": round(raw * 1000, 2),
+            "synapse_ratio": round(fill / raw, 3),
+        }
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def main(quick: bool, with_synapse: bool) -> dict[str, Any]:
+    runs = 3 if quick else 9
+    overheads: list[float] = []
+    totals: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(runs):
+            log(f"fake fill {k + 1}/{runs}")
+            await one_fake_fill(Path(tmp) / f"fake{k}", overheads, totals)
+        figures: dict[str, Any] = {
+            "quick": quick,
+            "gap_events": GAP,
+            "page_size": 50,
+            "runs": runs,
+            "fake_overhead_ms_per_page": round(statistics.median(overheads), 3),
+            "fake_total_ms_per_page": round(statistics.median(totals), 3),
+            "synapse_fill_ms": None,
+            "synapse_raw_ms": None,
+            "synapse_ratio": None,
+        }
+        if with_synapse:
+            try:
+                figures.update(await synapse_fill(Path(tmp)))
+            except Exception as exc:  # report, never hide: the figure stays null
+                log(f"Synapse part skipped: {exc}")
+                figures["synapse_error"] = str(exc).splitlines()[0]
+    return figures
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few runs, no Synapse")
+    parser.add_argument("--no-synapse", action="store_true", help="skip the Synapse part")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main(args.quick, not (args.quick or args.no_synapse)))))

@@ -1,0 +1,441 @@
+"""Benchmark of the journal store: admission, pending+settle, conversation walk, deep page.
+
+Prints ONE JSON object on stdout (progress goes to stderr). Both backends by default;
+PostgreSQL is a throwaway cluster from the local binaries unless ``--postgres-dsn``.
+
+Figures per backend:
+- ``admit_sequential_per_s``: one awaited ``admit`` at a time (each a durable commit);
+- ``admit_concurrent64_per_s``: 64 concurrent admitters (the backend's group commit);
+- ``settle_sequential_per_s``: ``pending`` pages of 500, each event settled in turn;
+- ``settle_concurrent64_per_s``: the same with 64 concurrent settlers;
+- ``walk_seconds``: every page of 500 of an M-message conversation, newest to oldest;
+- ``deep_page_ms``: median of one 50-row page at the deepest cursor.
+
+The walked conversation is seeded directly with the rows admission would produce
+(seeding is not what is measured); admission and settle go through the public API.
+
+The anchor column is the published ``mindroom`` journal: ``bench/journal_anchor.py``
+runs the same workload on it when ``.bench-anchor/`` holds an installation; otherwise
+the issue's published orientation figures are reported, labelled as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gapline.journal import Cursor, EventKind, InboundEvent, JournalStore, PrincipalJournal
+from gapline.storage import Backend, Dialect, open_backend
+
+REPO = Path(__file__).resolve().parents[1]
+PRINCIPAL = "@bench:example.org"
+ROOM = "!bench:example.org"
+WALK_ROOM = "!walk:example.org"
+BASE_TS = 1_700_000_000_000
+
+# Issue 6's orientation figures for the anchor (mindroom's journal, "a machine like yours").
+PUBLISHED_ANCHOR: dict[str, dict[str, float | None]] = {
+    "sqlite": {
+        "admit_sequential_per_s": 815.0,
+        "admit_concurrent64_per_s": 3270.0,
+        "settle_sequential_per_s": 1190.0,
+        "walk_seconds_1m": 35.5,
+        "deep_page_ms": 1.2,
+    },
+    "postgres": {
+        "admit_sequential_per_s": 250.0,
+        "admit_concurrent64_per_s": 615.0,
+        "settle_sequential_per_s": None,
+        "walk_seconds_1m": None,
+        "deep_page_ms": 3.9,  # at 100,000 messages
+    },
+}
+
+
+def log(message: str) -> None:
+    print(f"[bench/journal] {message}", file=sys.stderr, flush=True)
+
+
+def _event(n: int, prefix: str) -> InboundEvent:
+    content = json.dumps(
+        {"msgtype": "m.text", "body": f"benchmark message {n} " + "lorem ipsum " * 8}
+    )
+    return InboundEvent(
+        f"${prefix}{n:08d}:example.org",
+        ROOM,
+        None,
+        "@user:example.org",
+        BASE_TS + n,
+        "m.room.message",
+        content,
+        EventKind.ACTIONABLE,
+    )
+
+
+async def _timed(fn: Callable[[], Awaitable[Any]]) -> float:
+    start = time.perf_counter()
+    await fn()
+    return time.perf_counter() - start
+
+
+async def _concurrently(
+    items: list[Any], workers: int, fn: Callable[[Any], Awaitable[Any]]
+) -> None:
+    it = iter(items)
+
+    async def worker() -> None:
+        for item in it:
+            await fn(item)
+
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(workers):
+            tg.create_task(worker())
+
+
+async def bench_admission(bot: PrincipalJournal, n_seq: int, n_conc: int) -> dict[str, float]:
+    seq_events = [_event(i, "seq") for i in range(n_seq)]
+    conc_events = [_event(i, "conc") for i in range(n_conc)]
+
+    async def sequential() -> None:
+        for e in seq_events:
+            await bot.admit(e, epoch=0)
+
+    async def concurrent() -> None:
+        await _concurrently(conc_events, 64, lambda e: bot.admit(e, epoch=0))
+
+    t_seq = await _timed(sequential)
+    log(f"admit sequential: {n_seq} in {t_seq:.2f}s")
+    t_conc = await _timed(concurrent)
+    log(f"admit 64 concurrent: {n_conc} in {t_conc:.2f}s")
+
+    async def settle_sequential() -> int:
+        done = 0
+        while done < n_seq:
+            page = await bot.pending(500)
+            if not page:
+                break
+            for p in page:
+                if done >= n_seq:
+                    break
+                await bot.settle(p.event.event_id)
+                done += 1
+        return done
+
+    start = time.perf_counter()
+    settled = await settle_sequential()
+    t_settle = time.perf_counter() - start
+    log(f"settle sequential: {settled} in {t_settle:.2f}s")
+
+    async def settle_concurrent() -> int:
+        ids: list[str] = []
+        after: int | None = None
+        while True:
+            page = await bot.pending(500, after=after)
+            if not page:
+                break
+            ids.extend(p.event.event_id for p in page)
+            after = page[-1].seq
+        await _concurrently(ids, 64, bot.settle)
+        return len(ids)
+
+    start = time.perf_counter()
+    settled_conc = await settle_concurrent()
+    t_settle_conc = time.perf_counter() - start
+    log(f"pending+settle 64 concurrent: {settled_conc} in {t_settle_conc:.2f}s")
+    return {
+        "admit_sequential_per_s": round(n_seq / t_seq, 1),
+        "admit_concurrent64_per_s": round(n_conc / t_conc, 1),
+        "settle_sequential_per_s": round(settled / t_settle, 1),
+        "settle_concurrent64_per_s": round(settled_conc / t_settle_conc, 1),
+        "admit_sequential_events": n_seq,
+        "admit_concurrent_events": n_conc,
+    }
+
+
+def _walk_ts(i: int) -> int:
+    return BASE_TS + (i // 2) * 10  # pairs share a timestamp: ties cross page boundaries
+
+
+async def seed_conversation(backend: Backend, messages: int) -> None:
+    """Insert the projection rows admission would have produced, in bulk."""
+    if backend.dialect is Dialect.POSTGRES:
+
+        def op(tx: Any) -> None:
+            tx.execute(
+                "INSERT INTO journal_messages (principal_id, room_id, thread_id, created_ts,"
+                " logical_event_id, sender, body, edited, rev_ts, rev_event_id, refresh_token)"
+                " SELECT ?, ?, '', ? + (i / 2) * 10, '$walk' || lpad(i::text, 8, '0') || ':example.org',"
+                " '@user:example.org', 'walk message ' || i::text || ' lorem ipsum dolor sit amet',"
+                " 0, 0, '', NULL FROM generate_series(0, ? - 1) AS i",
+                (PRINCIPAL, WALK_ROOM, BASE_TS, messages),
+            )
+            tx.execute("ANALYZE journal_messages")
+
+        await backend.write(op)
+        return
+    chunk = 50_000
+    for start in range(0, messages, chunk):
+        rows = [
+            (
+                PRINCIPAL,
+                WALK_ROOM,
+                "",
+                _walk_ts(i),
+                f"$walk{i:08d}:example.org",
+                "@user:example.org",
+                f"walk message {i} lorem ipsum dolor sit amet",
+                0,
+                0,
+                "",
+                None,
+            )
+            for i in range(start, min(messages, start + chunk))
+        ]
+        await backend.write(
+            lambda tx, rows=rows: tx.executemany(
+                "INSERT INTO journal_messages (principal_id, room_id, thread_id, created_ts,"
+                " logical_event_id, sender, body, edited, rev_ts, rev_event_id, refresh_token)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+        )
+
+
+async def bench_walk(bot: PrincipalJournal, messages: int, deep_repeats: int) -> dict[str, float]:
+    start = time.perf_counter()
+    seen = 0
+    pages = 0
+    cursor: Cursor | None = None
+    while True:
+        page = await bot.read_conversation(WALK_ROOM, None, 500, before=cursor)
+        seen += len(page.rows)
+        pages += 1
+        if page.next_before is None:
+            break
+        cursor = page.next_before
+    walk = time.perf_counter() - start
+    if seen != messages:
+        raise SystemExit(f"walk saw {seen} messages, expected {messages}")
+    log(f"walk: {seen} messages, {pages} pages in {walk:.2f}s")
+    # The deepest cursor whose page is full: 50 rows older than it remain.
+    deep = Cursor(_walk_ts(50), f"$walk{50:08d}:example.org")
+    times = []
+    for _ in range(deep_repeats):
+        t0 = time.perf_counter()
+        page = await bot.read_conversation(WALK_ROOM, None, 50, before=deep)
+        times.append(time.perf_counter() - t0)
+        if len(page.rows) != 50:
+            raise SystemExit(f"deep page held {len(page.rows)} rows")
+    deep_ms = statistics.median(times) * 1000
+    log(f"deep page: median {deep_ms:.3f} ms over {deep_repeats}")
+    return {
+        "walk_messages": messages,
+        "walk_page_size": 500,
+        "walk_pages": pages,
+        "walk_seconds": round(walk, 3),
+        "deep_page_ms": round(deep_ms, 3),
+        "deep_page_rows": 50,
+    }
+
+
+async def run_backend(
+    dsn: str, *, n_seq: int, n_conc: int, messages: int, deep_repeats: int
+) -> dict[str, Any]:
+    backend = await open_backend(dsn)
+    try:
+        store = await JournalStore.open(backend)
+        bot = store.principal(PRINCIPAL)
+        figures = await bench_admission(bot, n_seq, n_conc)
+        log(f"seeding a {messages}-message conversation")
+        await seed_conversation(backend, messages)
+        figures.update(await bench_walk(bot, messages, deep_repeats))
+        return figures
+    finally:
+        await backend.close()
+
+
+def run_anchor(args: argparse.Namespace, backends: list[str]) -> dict[str, Any]:
+    python = REPO / ".bench-anchor" / "bin" / "python"
+    script = REPO / "bench" / "journal_anchor.py"
+    if not python.exists() or not script.exists():
+        return {
+            "source": "published orientation figures from issue 6 (mindroom journal, a machine"
+            " like this one); not measured here: .bench-anchor/ holds no mindroom install",
+            **PUBLISHED_ANCHOR,
+        }
+    cmd = [
+        str(python),
+        str(script),
+        "--admit",
+        str(args.admit),
+        "--concurrent",
+        str(args.concurrent),
+        "--messages",
+        str(args.messages),
+        "--pg-messages",
+        str(args.pg_messages),
+        "--deep-repeats",
+        str(args.deep_repeats),
+        "--backends",
+        ",".join(backends),
+    ]
+    if args.postgres_dsn:
+        cmd += ["--postgres-dsn", args.postgres_dsn]
+    log("running the anchor: " + " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
+    sys.stderr.write(proc.stderr)
+    if proc.returncode != 0:
+        return {
+            "source": f"anchor run failed (exit {proc.returncode}); published figures",
+            **PUBLISHED_ANCHOR,
+        }
+    measured = json.loads(proc.stdout)
+    measured["source"] = "measured in this run: " + str(measured.get("source", "mindroom"))
+    return measured
+
+
+def _ratio(
+    ours: float | None, anchor: float | None, *, lower_is_better: bool = False
+) -> float | None:
+    if not ours or not anchor:
+        return None
+    return round(anchor / ours if lower_is_better else ours / anchor, 2)
+
+
+def targets(result: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    anchor = result["anchor"]
+    for name in ("sqlite", "postgres"):
+        ours = result.get(name)
+        theirs = anchor.get(name) or {}
+        if not isinstance(ours, dict) or "admit_sequential_per_s" not in ours:
+            continue
+        scale = ours["walk_messages"] / 1_000_000
+        their_walk = theirs.get("walk_seconds")
+        if their_walk is None and theirs.get("walk_seconds_1m") is not None:
+            their_walk = theirs["walk_seconds_1m"] * scale
+        t = {
+            "admit_sequential_x": _ratio(
+                ours["admit_sequential_per_s"], theirs.get("admit_sequential_per_s")
+            ),
+            "admit_concurrent64_x": _ratio(
+                ours["admit_concurrent64_per_s"], theirs.get("admit_concurrent64_per_s")
+            ),
+            "settle_sequential_x": _ratio(
+                ours["settle_sequential_per_s"], theirs.get("settle_sequential_per_s")
+            ),
+            "walk_speedup_x": _ratio(ours["walk_seconds"], their_walk, lower_is_better=True),
+            "deep_page_speedup_x": _ratio(
+                ours["deep_page_ms"], theirs.get("deep_page_ms"), lower_is_better=True
+            ),
+        }
+        t["admission_2x_met"] = (
+            None
+            if t["admit_sequential_x"] is None
+            else (t["admit_sequential_x"] >= 2 and (t["admit_concurrent64_x"] or 0) >= 2)
+        )
+        t["walk_2x_met"] = None if t["walk_speedup_x"] is None else t["walk_speedup_x"] >= 2
+        t["deep_page_no_slower"] = (
+            None if t["deep_page_speedup_x"] is None else t["deep_page_speedup_x"] >= 1
+        )
+        if name == "sqlite":
+            t["deep_page_under_2ms"] = ours["deep_page_ms"] < 2.0
+        out[name] = t
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    backends = [b for b in args.backends.split(",") if b]
+    result: dict[str, Any] = {
+        "benchmark": "journal",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
+    }
+    with tempfile.TemporaryDirectory(prefix="gapline-bench-journal-") as tmp:
+        if "sqlite" in backends:
+            log("sqlite")
+            result["sqlite"] = await run_backend(
+                str(Path(tmp) / "journal.sqlite3"),
+                n_seq=args.admit,
+                n_conc=args.concurrent,
+                messages=args.messages,
+                deep_repeats=args.deep_repeats,
+            )
+        if "postgres" in backends:
+            log("postgres")
+            if args.postgres_dsn:
+                result["postgres"] = await run_backend(
+                    args.postgres_dsn,
+                    n_seq=args.admit,
+                    n_conc=args.concurrent,
+                    messages=args.pg_messages,
+                    deep_repeats=args.deep_repeats,
+                )
+            else:
+                from gapline.storage.devpostgres import start_cluster
+
+                with start_cluster() as cluster:
+                    result["postgres"] = await run_backend(
+                        cluster.create_database(),
+                        n_seq=args.admit,
+                        n_conc=args.concurrent,
+                        messages=args.pg_messages,
+                        deep_repeats=args.deep_repeats,
+                    )
+    result["anchor"] = (
+        run_anchor(args, backends)
+        if not args.no_anchor
+        else {"source": "skipped (--no-anchor); published orientation figures", **PUBLISHED_ANCHOR}
+    )
+    result["targets"] = targets(result)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small smoke run")
+    parser.add_argument("--backends", default="sqlite,postgres")
+    parser.add_argument("--postgres-dsn", default=None)
+    parser.add_argument("--admit", type=int, default=3000, help="events admitted sequentially")
+    parser.add_argument("--concurrent", type=int, default=12800, help="events admitted by 64 tasks")
+    parser.add_argument(
+        "--messages", type=int, default=1_000_000, help="walked conversation (SQLite)"
+    )
+    parser.add_argument(
+        "--pg-messages", type=int, default=1_000_000, help="walked conversation (PostgreSQL)"
+    )
+    parser.add_argument("--deep-repeats", type=int, default=200)
+    parser.add_argument(
+        "--no-anchor", action="store_true", help="do not run bench/journal_anchor.py"
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.admit, args.concurrent, args.messages, args.pg_messages, args.deep_repeats = (
+            100,
+            640,
+            5_000,
+            5_000,
+            20,
+        )
+    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+
+
+if __name__ == "__main__":
+    main()

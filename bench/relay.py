@@ -1,0 +1,363 @@
+"""Meshline relay throughput and notification latency, with Synapse as the peer anchor.
+
+Scenarios (each a fresh database, relays run as `gapline relay serve` subprocesses):
+
+- ``sqlite``: one relay on a SQLite file.
+- ``postgres``: two relay processes on one PostgreSQL database (throwaway cluster from
+  the local binaries, fsync on); clients are split between the processes.
+
+In each, ``--clients`` sender clients (own account and device session each, HTTP
+keep-alive) send pre-sealed messages (with sender boxes, so each send appends two
+timeline records) to one shared recipient account as fast as the relay answers. A
+send counts once its HTTP 200 arrived, i.e. after the durable commit. Client-side
+sealing is done before the clock starts.
+
+Latency probe (running during the load): a recipient with a WebSocket session on the
+first process; a probe sender on the last process sends one message every
+``--probe-interval`` seconds and records (a) send start -> ``message.timeline.changed``
+received, (b) send start -> the following ``message.timeline.sync`` returned the record.
+
+Synapse: the matrix fixture's Synapse (in-memory SQLite, rate limits off), ``--clients``
+users in one room each sending ``m.room.message`` as fast as Synapse answers.
+
+    python bench/relay.py [--quick] [--seconds S] [--clients N] [--no-postgres] [--no-synapse]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import aiohttp
+
+from gapline.meshline._identity import account_auth_input, device_auth_input, relay_origin
+from gapline.meshline.testing import TEST_CONTEXT, TestAccount, make_account, make_send_params
+from gapline.relay.devserver import RelayProcess
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
+
+
+class Relay:
+    """A minimal HTTP client for one relay process."""
+
+    def __init__(self, proc: RelayProcess, http: aiohttp.ClientSession) -> None:
+        self.proc = proc
+        self.http = http
+        self.url = proc.url
+        self.origin = relay_origin(proc.url)
+        self.relay_id = proc.relay_id
+
+    async def call(
+        self, verb: str, method: str, params: Any = None, token: str | None = None
+    ) -> Any:
+        headers = {"X-Meshline-Session": token} if token else {}
+        url = self.url + "/" + method.replace(".", "/")
+        if verb == "GET":
+            ctx = self.http.get(url, params=params or {}, headers=headers)
+        elif isinstance(params, bytes):
+            headers["Content-Type"] = "application/json"
+            ctx = self.http.request(verb, url, data=params, headers=headers)
+        else:
+            ctx = self.http.request(verb, url, json=params, headers=headers)
+        async with ctx as resp:
+            body = await resp.json(content_type=None)
+            if resp.status != 200:
+                raise RuntimeError(f"{method}: {resp.status} {body}")
+            return body
+
+    async def publish(self, account: TestAccount) -> None:
+        challenge = await self.call("POST", "auth.challenge", {"account": account.account})
+        payload = account_auth_input(
+            relay_id=self.relay_id,
+            origin=self.origin,
+            account=account.account,
+            account_public_key=account.key.public_key_b64,
+            nonce=challenge["nonce"],
+        )
+        creds = await self.call(
+            "POST",
+            "auth.account.verify",
+            {
+                "nonce": challenge["nonce"],
+                "account_public_key": account.key.public_key_b64,
+                "account_signature": account.key.sign_object(payload, TEST_CONTEXT, exclude=()),
+            },
+        )
+        await self.call("PUT", "device.state.publish", account.state.to_wire(), creds["token"])
+
+    def verify_params(self, account: TestAccount, nonce: str) -> dict[str, Any]:
+        device = account.device()
+        ts = int(time.time())
+        payload = device_auth_input(
+            relay_id=self.relay_id,
+            origin=self.origin,
+            account=account.account,
+            device_id=device.device_id,
+            nonce=nonce,
+            timestamp=ts,
+        )
+        return {
+            "nonce": nonce,
+            "timestamp": ts,
+            "signer_certificate": device.certificate.to_wire(),
+            "device_signature": device.keys.sign_object(payload, TEST_CONTEXT, exclude=()),
+        }
+
+    async def login(self, account: TestAccount) -> str:
+        challenge = await self.call("POST", "auth.challenge", {"account": account.account})
+        creds = await self.call(
+            "POST", "auth.device.verify", self.verify_params(account, challenge["nonce"])
+        )
+        return str(creds["token"])
+
+
+async def run_relay_scenario(
+    procs: list[RelayProcess], *, clients: int, seconds: float, probe_interval: float
+) -> dict[str, Any]:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        relays = [Relay(p, http) for p in procs]
+        recipient = make_account(1)
+        senders = [make_account(1) for _ in range(clients)]
+        probe_to, probe_from = make_account(1), make_account(1)
+        await relays[0].publish(recipient)
+        await relays[0].publish(probe_to)
+        await relays[-1].publish(probe_from)
+        for i, s in enumerate(senders):
+            await relays[i % len(relays)].publish(s)
+        tokens = [await relays[i % len(relays)].login(s) for i, s in enumerate(senders)]
+        probe_token = await relays[-1].login(probe_from)
+        # Pre-seal enough messages for the run (sealing is the client's cost, not the relay's).
+        per_client = max(50, int(seconds * 3000 / clients) + 50)
+        log(f"  sealing {per_client * clients} messages ...")
+        batches = [
+            [
+                json.dumps(make_send_params(s, recipient).to_wire()).encode()
+                for _ in range(per_client)
+            ]
+            for s in senders
+        ]
+        probes = [
+            make_send_params(probe_from, probe_to).to_wire()
+            for _ in range(int(seconds / probe_interval) + 20)
+        ]
+
+        done = 0
+        stop_at = 0.0
+        notify_lat: list[float] = []
+        synced_lat: list[float] = []
+
+        async def sender(i: int) -> None:
+            nonlocal done
+            relay = relays[i % len(relays)]
+            for params in batches[i]:
+                if time.perf_counter() >= stop_at:
+                    return
+                await relay.call("POST", "message.send", params, tokens[i])
+                done += 1
+
+        async def probe() -> None:
+            url = procs[0].ws_url
+            async with http.ws_connect(url, max_msg_size=0) as ws:
+                next_id = 0
+
+                async def rpc(method: str, params: Any) -> Any:
+                    nonlocal next_id
+                    next_id += 1
+                    await ws.send_json(
+                        {"jsonrpc": "2.0", "id": next_id, "method": method, "params": params}
+                    )
+                    while True:
+                        msg = json.loads((await ws.receive()).data)
+                        if msg.get("id") == next_id:
+                            return msg["result"]
+
+                challenge = await rpc("auth.challenge", {"account": probe_to.account})
+                await rpc(
+                    "auth.device.verify", relays[0].verify_params(probe_to, challenge["nonce"])
+                )
+                position = -1
+                for params in probes:
+                    if time.perf_counter() >= stop_at:
+                        return
+                    t0 = time.perf_counter()
+                    await relays[-1].call("POST", "message.send", params, probe_token)
+                    while True:
+                        msg = json.loads((await ws.receive()).data)
+                        if msg.get("method") == "message.timeline.changed":
+                            break
+                    notify_lat.append(time.perf_counter() - t0)
+                    page = await rpc("message.timeline.sync", {"after": position})
+                    assert page["items"], page
+                    position = page["items"][-1]["sequence"]
+                    synced_lat.append(time.perf_counter() - t0)
+                    await asyncio.sleep(probe_interval)
+
+        start = time.perf_counter()
+        stop_at = start + seconds
+        async with asyncio.TaskGroup() as tg:
+            for i in range(clients):
+                tg.create_task(sender(i))
+            tg.create_task(probe())
+        elapsed = time.perf_counter() - start
+        return {
+            "processes": len(procs),
+            "clients": clients,
+            "sends": done,
+            "seconds": round(elapsed, 2),
+            "sends_per_second": round(done / elapsed, 1),
+            "notify_latency_ms": {
+                "p50": _pct(notify_lat, 0.5),
+                "p99": _pct(notify_lat, 0.99),
+                "samples": len(notify_lat),
+            },
+            "sync_latency_ms": {
+                "p50": _pct(synced_lat, 0.5),
+                "p99": _pct(synced_lat, 0.99),
+                "samples": len(synced_lat),
+            },
+        }
+
+
+async def run_synapse(*, clients: int, seconds: float) -> dict[str, Any]:
+    from gapline.matrix.devserver import SynapseServer
+
+    server = await asyncio.to_thread(SynapseServer.start)
+    try:
+        users = [
+            await server.register_user(server.unique_localpart("bench"), "password")
+            for _ in range(clients)
+        ]
+        room = await server.create_room(users[0], name="bench")
+        for u in users[1:]:
+            await server.invite_and_join(users[0], room, u)
+        done = 0
+        stop_at = time.perf_counter() + seconds
+
+        async def sender(i: int) -> None:
+            nonlocal done
+            async with server.client(users[i]) as client:
+                n = 0
+                while time.perf_counter() < stop_at:
+                    await client.send_text(room, f"message {i}-{n}")
+                    n += 1
+                    done += 1
+
+        start = time.perf_counter()
+        async with asyncio.TaskGroup() as tg:
+            for i in range(clients):
+                tg.create_task(sender(i))
+        elapsed = time.perf_counter() - start
+        return {
+            "clients": clients,
+            "sends": done,
+            "seconds": round(elapsed, 2),
+            "sends_per_second": round(done / elapsed, 1),
+        }
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--probe-interval", type=float, default=0.05)
+    parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--no-synapse", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.clients = 1.0, 4
+    common = [
+        "--network-context",
+        str(TEST_CONTEXT),
+        "--rate",
+        "1000000",
+        "--burst",
+        "1000000",
+        "--log-level",
+        "warning",
+    ]
+    result: dict[str, Any] = {
+        "bench": "relay",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
+        "quick": args.quick,
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        log("sqlite: one relay process")
+        with RelayProcess.start(os.path.join(tmp, "relay.db"), extra_args=common) as proc:
+            result["sqlite"] = await run_relay_scenario(
+                [proc],
+                clients=args.clients,
+                seconds=args.seconds,
+                probe_interval=args.probe_interval,
+            )
+        log(f"  {result['sqlite']}")
+    if not args.no_postgres:
+        from gapline.storage.devpostgres import start_cluster
+
+        log("postgres: two relay processes on one database")
+        cluster = await asyncio.to_thread(start_cluster)
+        try:
+            dsn = cluster.create_database()
+            first = RelayProcess.start(dsn, extra_args=common)
+            with first, RelayProcess.start(dsn, extra_args=common) as second:
+                result["postgres"] = await run_relay_scenario(
+                    [first, second],
+                    clients=args.clients,
+                    seconds=args.seconds,
+                    probe_interval=args.probe_interval,
+                )
+            log(f"  {result['postgres']}")
+        finally:
+            await asyncio.to_thread(cluster.stop)
+    if not args.no_synapse:
+        log("synapse: message sends into one room")
+        try:
+            result["synapse"] = await run_synapse(clients=args.clients, seconds=args.seconds)
+        except Exception as exc:  # the anchor is optional; say why it is missing
+            result["synapse"] = {
+                "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            }
+        log(f"  {result['synapse']}")
+        syn = result["synapse"].get("sends_per_second")
+        if syn:
+            result["sqlite_vs_synapse"] = round(result["sqlite"]["sends_per_second"] / syn, 1)
+            if "postgres" in result:
+                result["postgres_vs_synapse"] = round(
+                    result["postgres"]["sends_per_second"] / syn, 1
+                )
+    result["targets"] = {"sqlite_sends_per_second": 2000, "times_synapse": 20}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())

@@ -1,0 +1,316 @@
+"""The bridge: the wire protocol as JSON lines over a pair of byte streams.
+
+Input lines are ``{"id": N, "command": <Command>}``; output lines are
+``{"id": N, "answer": <Answer>}``, ``{"event": <Event>}`` and, for the
+``DumpState`` extension, ``{"id": N, "state": <State>}``, one JSON object per
+line, flushed after each.
+
+Ordering: the bridge's :class:`LineWriter` is an :class:`EventSink` behind the
+mirror on the engine's publisher, and the engine returns an answer only after
+its outcome events were published, so an answer line always follows the
+event lines of its outcome and the mirror's application of them.
+
+Commands run concurrently, one task each, so a ``Cancel`` can reach a
+``FillGap`` that is still walking; answers are written as commands finish,
+each tagged with its request's id. A line that is not a valid request is
+answered ``{"id": N-or-null, "answer": {"Invalid": "why"}}`` at once and the
+bridge keeps reading. Blank lines are skipped. Commands reach the engine in the
+order their lines were read.
+
+``"Shutdown"`` stops reading and is passed to the engine, which interrupts
+running commands (they answer ``Interrupted``) and closes every room, each
+publishing its ``Idle``; the bridge returns once every command answered. At
+end of input nothing is interrupted: the commands already read finish and
+answer, then the bridge sends ``Shutdown`` itself (writing no answer line for
+it), so a scripted pipe such as ``printf '...' | gapline bridge`` runs every
+command to its end before the rooms close.
+
+``"DumpState"`` (extension) is answered by the bridge from its mirror, never
+sent to the engine: once every command read before it has answered, it writes
+``{"id": N, "state": <State>}`` then ``{"id": N, "answer": "Ok"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import BinaryIO, Protocol
+
+from gapline.history._mirror import Mirror
+from gapline.history._types import (
+    Answer,
+    Command,
+    DumpState,
+    Event,
+    Failed,
+    Invalid,
+    Ok,
+    Shutdown,
+)
+from gapline.history._wire import Json, WireError, command_from_wire, dumps, loads, to_wire
+
+__all__ = ["Bridge", "CommandExecutor", "LineWriter", "Request", "parse_request", "stream_lines"]
+
+log = logging.getLogger("gapline.history.bridge")
+
+
+class CommandExecutor(Protocol):
+    """What the bridge drives: the engine's command entry point.
+
+    ``execute`` returns the command's answer after publishing its outcome.
+    On ``Shutdown`` it interrupts running commands (they answer
+    ``Interrupted``), closes every open room and answers.
+    """
+
+    async def execute(self, command: Command) -> Answer: ...
+
+
+class LineWriter:
+    """Writes JSON lines to a binary stream, flushing each; an :class:`EventSink`.
+
+    Writes are synchronous on the event loop's thread, so a line is never
+    interleaved with another; a reader that stops reading blocks the bridge,
+    which is the backpressure a pipe should give. A reader that went away
+    (``BrokenPipeError``) turns the writer ``broken``: later lines are
+    dropped instead of failing the engine's publish, and the bridge stops.
+    """
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._broken = asyncio.Event()
+
+    @property
+    def broken(self) -> bool:
+        return self._broken.is_set()
+
+    async def wait_broken(self) -> None:
+        await self._broken.wait()
+
+    def write(self, data: Json) -> None:
+        if self.broken:
+            return
+        try:
+            self._stream.write(dumps(data).encode() + b"\n")
+            self._stream.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            log.warning("output closed by the reader; dropping further lines")
+            self._broken.set()
+
+    async def publish(self, event: Event) -> None:
+        self.write({"event": to_wire(event)})
+
+    def answer(self, request_id: int | None, answer: Answer) -> None:
+        self.write({"id": request_id, "answer": to_wire(answer)})
+
+
+class Request:
+    """A parsed input line: its id (``None`` when unusable) and command or error."""
+
+    __slots__ = ("command", "error", "id")
+
+    def __init__(self, request_id: int | None, command: Command | None, error: str | None) -> None:
+        self.id = request_id
+        self.command = command
+        self.error = error
+
+
+def parse_request(line: bytes | str) -> Request:
+    """Parse one input line; never raises (a bad line becomes a Request with an ``error``)."""
+    try:
+        data = loads(line)
+    except WireError as exc:
+        return Request(None, None, str(exc))
+    if not isinstance(data, dict):
+        return Request(None, None, 'a request is an object {"id": N, "command": ...}')
+    raw_id = data.get("id")
+    request_id = raw_id if isinstance(raw_id, int) and not isinstance(raw_id, bool) else None
+    if "id" not in data:
+        return Request(None, None, 'missing field "id"')
+    if request_id is None:
+        return Request(None, None, f"id: expected an integer, got {dumps(raw_id)}")
+    unknown = [k for k in data if k not in ("id", "command")]
+    if unknown:
+        return Request(request_id, None, f'unknown field "{unknown[0]}" (fields: id, command)')
+    if "command" not in data:
+        return Request(request_id, None, 'missing field "command"')
+    try:
+        return Request(request_id, command_from_wire(data["command"]), None)
+    except WireError as exc:
+        return Request(request_id, None, str(exc))
+
+
+def _raw_lines(stream: BinaryIO) -> Iterator[bytes]:
+    """Lines of ``stream``, read with ``os.read`` on its descriptor when it has one.
+
+    ``os.read`` takes no Python-level lock, unlike ``stream.readline`` on a
+    buffered reader: a daemon thread blocked in ``readline`` at interpreter
+    exit makes CPython abort ("could not acquire lock for <stdin> at
+    interpreter shutdown"), turning a clean exit 0 into SIGABRT.
+    """
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        yield from iter(stream.readline, b"")
+        return
+    pending = b""
+    while chunk := os.read(fd, 1 << 16):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line + b"\n"
+    if pending:
+        yield pending
+
+
+async def stream_lines(stream: BinaryIO) -> AsyncIterator[bytes]:
+    """Lines of a blocking binary stream (stdin), read on a daemon thread.
+
+    A daemon thread rather than ``connect_read_pipe`` because stdin may be a
+    pipe, a terminal or a regular file, and rather than ``asyncio.to_thread``
+    because a read blocked at exit must not keep the process alive.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    def pump() -> None:
+        try:
+            for line in _raw_lines(stream):
+                loop.call_soon_threadsafe(queue.put_nowait, line)
+        except (OSError, ValueError, RuntimeError) as exc:
+            # A closed or broken stdin ends the input; RuntimeError: the loop is gone.
+            log.debug("reading input stopped: %s", exc)
+        finally:
+            # RuntimeError: the loop is gone, so nobody is reading any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    threading.Thread(target=pump, name="bridge-stdin", daemon=True).start()
+    while (line := await queue.get()) is not None:
+        yield line
+
+
+class Bridge:
+    """Runs requests from ``lines`` against ``executor``; answers go to ``writer``.
+
+    The caller wires the publishing side: the engine publishes into a
+    Publisher whose sinks are ``mirror`` (first) then ``writer``.
+    """
+
+    def __init__(
+        self,
+        executor: CommandExecutor,
+        writer: LineWriter,
+        mirror: Mirror,
+        *,
+        state_line: Callable[[Mirror], Json] | None = None,
+    ) -> None:
+        self._executor = executor
+        self._writer = writer
+        self._mirror = mirror
+        self._state_line = state_line or (lambda m: to_wire(m.state))
+
+    async def run(self, lines: AsyncIterator[bytes]) -> int:
+        """Serve until EOF or ``Shutdown``; returns the exit status (0)."""
+        in_flight: set[asyncio.Task[None]] = set()
+        async with asyncio.TaskGroup() as tasks:
+            # Each command is a task. asyncio starts ready tasks in creation
+            # order, so the engine is entered in the order lines were read.
+            def track(task: asyncio.Task[None]) -> None:
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+
+            async for line in self._until_broken(lines):
+                if line is None:
+                    # Nobody reads the answers: stop as for Shutdown, unanswered.
+                    log.info("output closed: shutting down")
+                    tasks.create_task(self._shutdown(None, set(in_flight), answer=False))
+                    break
+                if not line.strip():
+                    continue
+                request = parse_request(line)
+                if request.command is None:
+                    log.info("invalid request: %s", request.error)
+                    self._writer.answer(request.id, Invalid(request.error or "invalid request"))
+                    continue
+                match request.command:
+                    case Shutdown():
+                        # Explicit stop: the engine interrupts what still runs.
+                        log.info("Shutdown requested")
+                        tasks.create_task(self._shutdown(request.id, set(in_flight)))
+                        break
+                    case DumpState():
+                        track(tasks.create_task(self._dump_state(request.id, set(in_flight))))
+                    case command:
+                        track(tasks.create_task(self._execute(request.id, command)))
+            else:
+                # End of input is not a request to interrupt: the commands
+                # already read finish and answer, then the rooms close.
+                log.info("end of input: waiting for %d command(s), then closing", len(in_flight))
+                if in_flight:
+                    await asyncio.wait(set(in_flight))
+                tasks.create_task(self._shutdown(None, set(), answer=False))
+        log.info("bridge done")
+        return 0
+
+    async def _until_broken(self, lines: AsyncIterator[bytes]) -> AsyncIterator[bytes | None]:
+        """``lines``, then one ``None`` as soon as the output breaks (even mid-wait)."""
+        source = aiter(lines)
+        broken = asyncio.ensure_future(self._writer.wait_broken())
+        try:
+            while True:
+                if broken.done():
+                    yield None
+                    return
+                line = asyncio.ensure_future(anext(source))
+                await asyncio.wait({line, broken}, return_when=asyncio.FIRST_COMPLETED)
+                if not line.done():
+                    line.cancel()
+                    yield None
+                    return
+                try:
+                    yield line.result()
+                except StopAsyncIteration:
+                    return
+        finally:
+            broken.cancel()
+
+    async def _dump_state(self, request_id: int | None, earlier: set[asyncio.Task[None]]) -> None:
+        # A barrier: the state shows the outcome of every command read before
+        # it, so a script can open, fill and dump without watching answers.
+        if earlier:
+            await asyncio.wait(earlier)
+        self._writer.write({"id": request_id, "state": self._state_line(self._mirror)})
+        self._writer.answer(request_id, Ok())
+
+    async def _shutdown(
+        self, request_id: int | None, others: set[asyncio.Task[None]], *, answer: bool = True
+    ) -> None:
+        result = await self._call(Shutdown())
+        # The interrupted commands answer first: the Shutdown answer is the last line.
+        if others:
+            await asyncio.wait(others)
+        if answer:
+            self._writer.answer(request_id, result)
+        elif not isinstance(result, Ok):
+            log.warning("Shutdown answered %s", result)
+
+    async def _execute(self, request_id: int | None, command: Command) -> None:
+        self._writer.answer(request_id, await self._call(command))
+
+    async def _call(self, command: Command) -> Answer:
+        try:
+            return await self._executor.execute(command)
+        except Exception as exc:
+            # An engine bug must not take the other commands down with it; the
+            # traceback goes to stderr, the client gets a Failed answer.
+            log.exception("%s raised", type(command).__name__)
+            return Failed(f"internal error: {type(exc).__name__}: {exc}")
+
+
+def stdout_writer() -> LineWriter:
+    return LineWriter(sys.stdout.buffer)

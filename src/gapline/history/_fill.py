@@ -1,0 +1,105 @@
+"""A backwards walk over ``/messages`` as a generator, after httpx's ``Auth.auth_flow``.
+
+The flow holds the policy (page budget, repeated-cursor detection, how a walk
+ends and what it counted) and does no I/O. It yields two kinds of effects:
+
+- :class:`Fetch` carries a ``gapline.matrix`` request; send it the
+  ``MessagesResponse``;
+- :class:`Commit` carries the page to commit (events and the new cursor, in one
+  transaction); send it the :class:`~gapline.history._sections.PageResult`.
+
+A driver that cannot complete an effect throws :class:`WalkFailed` (the
+server failed) or :class:`WalkCancelled` into the flow, which then returns
+its outcome with what was committed so far. The engine drives one flow for a
+recent load, a ``FillGap`` and a back-pagination; tests drive it with canned
+pages.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Generator
+from dataclasses import dataclass
+
+from gapline.history._sections import PageResult
+from gapline.matrix import ClientEvent, Direction, MessagesResponse, Request, api
+
+__all__ = [
+    "Commit",
+    "Fetch",
+    "WalkCancelled",
+    "WalkEnd",
+    "WalkFailed",
+    "WalkFlow",
+    "WalkOutcome",
+    "backwards_walk",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    request: Request
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    chunk: tuple[ClientEvent, ...]
+    end: str | None
+
+
+class WalkEnd(enum.Enum):
+    Joined = "Joined"  # an event of a page was already retained: continuity proven
+    Budget = "Budget"  # the page budget is spent
+    CursorStalled = "CursorStalled"  # the server answered with a cursor it gave before
+    StartReached = "StartReached"  # accessible history ended (no `end`, m.room.create)
+    Failed = "Failed"  # the server (or the store) failed; `message` says how
+    Cancelled = "Cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class WalkOutcome:
+    end: WalkEnd
+    pages: int
+    events: int
+    message: str | None = None
+
+
+class WalkFailed(Exception):
+    """Thrown into a flow when an effect failed; its text becomes the outcome's message."""
+
+
+class WalkCancelled(Exception):
+    """Thrown into a flow when its operation was cancelled."""
+
+
+WalkFlow = Generator[Fetch | Commit, MessagesResponse | PageResult, WalkOutcome]
+
+
+def backwards_walk(room_id: str, cursor: str | None, *, page_size: int, budget: int) -> WalkFlow:
+    """Walk back from ``cursor`` (``None``: the room's newest event) for up to ``budget`` pages."""
+    pages = events = 0
+    seen: set[str] = set() if cursor is None else {cursor}
+    try:
+        while pages < budget:
+            page = yield Fetch(
+                api.messages(room_id, from_=cursor, dir=Direction.BACKWARD, limit=page_size)
+            )
+            assert isinstance(page, MessagesResponse)
+            if page.end is not None and page.end in seen:
+                return WalkOutcome(WalkEnd.CursorStalled, pages, events)
+            result = yield Commit(tuple(page.chunk), page.end)
+            assert isinstance(result, PageResult)
+            pages += 1
+            events += result.inserted
+            if result.joined:
+                return WalkOutcome(WalkEnd.Joined, pages, events)
+            if result.start_reached:
+                return WalkOutcome(WalkEnd.StartReached, pages, events)
+            assert page.end is not None
+            seen.add(page.end)
+            cursor = page.end
+        return WalkOutcome(WalkEnd.Budget, pages, events)
+    except WalkFailed as exc:
+        return WalkOutcome(WalkEnd.Failed, pages, events, str(exc) or type(exc).__name__)
+    except WalkCancelled:
+        return WalkOutcome(WalkEnd.Cancelled, pages, events)

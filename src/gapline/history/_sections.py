@@ -1,0 +1,305 @@
+"""The one place a room's sections and gaps change.
+
+:class:`Sections` runs inside a write transaction. Every change it decides
+goes through :meth:`Sections._emit`, which hands the update to the store
+writer (same transaction) and records it; once the transaction commits, the
+engine gives the recorded list to the room's timeline, which turns it into
+diffs. The store and the timeline therefore consume one stream of updates.
+
+Rules held here (DESIGN.md, "The client engine"):
+
+- events are deduplicated by event id; an overlap between a page and retained
+  history is the only proof of continuity, and the only way a gap goes away;
+- a limited sync always records a gap carrying its ``prev_batch``, whether
+  the room has retained events or not (a room with none keeps it as the
+  cursor of its *top*), and no path drops a ``prev_batch``;
+- a walk backwards (recent load, fill, back-pagination) prepends to the
+  section it walks, and each page commits its events together with the gap's
+  new cursor.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from gapline.history._cache_store import CacheStore
+from gapline.history._types import GapLifecycle
+from gapline.history._updates import (
+    EventsAdded,
+    GapAdded,
+    GapChanged,
+    GapRecord,
+    GapRemoved,
+    Key,
+    ReceiptsChanged,
+    Update,
+)
+from gapline.matrix import ClientEvent
+from gapline.storage import Tx
+
+__all__ = ["PageResult", "Sections", "WalkState", "new_gap_id"]
+
+ROOM_CREATE = "m.room.create"
+
+
+def new_gap_id() -> str:
+    return "gap-" + secrets.token_hex(8)
+
+
+@dataclass(frozen=True, slots=True)
+class WalkState:
+    """Where a backwards walk stands between pages.
+
+    ``anchor`` is the head of the section being extended (``None`` before a
+    recent load met its first event); ``gap_id`` is the gap right below it.
+    """
+
+    anchor: Key | None = None
+    gap_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PageResult:
+    """What one committed page did. Outcome flags, never guesses:
+
+    - ``joined``: an event of the page was already retained below the walked
+      gap (or the walk met retained history with nothing missing below it);
+    - ``start_reached``: the server has nothing older (no ``end``, or the page
+      held ``m.room.create``), so the gap is now ``Unavailable``.
+    """
+
+    state: WalkState
+    inserted: int
+    joined: bool
+    start_reached: bool
+    gap: GapRecord | None
+
+
+class Sections:
+    """A room's sections and gaps, changed inside one write transaction."""
+
+    def __init__(self, store: CacheStore, tx: Tx, room_id: str) -> None:
+        self.store = store
+        self.tx = tx
+        self.room_id = room_id
+        self.updates: list[Update] = []
+        self._keys: dict[str, bytes] = {}  # event id -> hash, computed once per transaction
+        self.room = store.note_room(tx, room_id)
+
+    def _emit(self, update: Update) -> None:
+        """The single choke point: write the update, and record it for the timeline."""
+        self.store.write_update(self.tx, self.room, update, self._key)
+        self.updates.append(update)
+
+    def _key(self, event_id: str) -> bytes:
+        key = self._keys.get(event_id)
+        if key is None:
+            key = self._keys[event_id] = self.store.event_key(event_id)
+        return key
+
+    # -- sync ------------------------------------------------------------------------------
+
+    def ingest_sync(
+        self, events: Sequence[ClientEvent], *, limited: bool, prev_batch: str | None
+    ) -> None:
+        """Place one sync's timeline events (oldest first) after the retained ones."""
+        store, tx, room = self.store, self.tx, self.room
+        if not events:
+            # Nothing to anchor a gap to: a gap needs an event on its newer side.
+            # The next sync with events records its own prev_batch.
+            return
+        keys = [self._key(e.event_id) for e in events]
+        where = store.locate(tx, room, keys)
+        fresh: list[ClientEvent] = []
+        seen: set[bytes] = set()
+        for event, key in zip(events, keys, strict=True):
+            if key not in where and key not in seen:
+                seen.add(key)
+                fresh.append(event)
+        tail = store.tail(tx, room)
+        if tail is None:
+            # A room never seen, or with nothing retained: its prev_batch becomes
+            # the cursor of the room's top, so paginating back starts there.
+            self._emit(EventsAdded(0, 0, tuple(fresh)))
+            self._emit(GapAdded(self._top_gap(0, fresh[0].event_id, prev_batch)))
+            return
+        if not fresh:
+            # Every event was a duplicate. What precedes the oldest of them is
+            # either retained or already behind a gap; keep the prev_batch on
+            # that gap if it has no cursor of its own (never drop it).
+            first = where[keys[0]]
+            if prev_batch is not None and store.section_head(tx, room, first[0]) == first[1]:
+                gap = store.gap_before(tx, room, first[0])
+                if gap is not None and gap.cursor is None:
+                    self._emit(GapChanged(replace(gap, cursor=prev_batch)))
+            return
+        prefix = 0
+        while prefix < len(keys) and keys[prefix] in where:
+            prefix += 1
+        overlaps_tail = prefix > 0 and where[keys[prefix - 1]] == tail
+        if not limited or overlaps_tail:
+            self._emit(EventsAdded(tail[0], tail[1] + 1, tuple(fresh)))
+            return
+        # Limited and not proven continuous: a new section behind a history gap.
+        older = store.event_at(tx, room, tail)
+        assert older is not None
+        new_ord = tail[0] + 1
+        self._emit(EventsAdded(new_ord, 0, tuple(fresh)))
+        self._emit(
+            GapAdded(
+                GapRecord(
+                    gap_id=new_gap_id(),
+                    newer_ord=new_ord,
+                    older_ord=tail[0],
+                    older_boundary=older.event_id,
+                    newer_boundary=fresh[0].event_id,
+                    cursor=prev_batch,
+                )
+            )
+        )
+
+    def _top_gap(self, ord_: int, newer_boundary: str, cursor: str | None) -> GapRecord:
+        return GapRecord(
+            gap_id=new_gap_id(),
+            newer_ord=ord_,
+            older_ord=None,
+            older_boundary=None,
+            newer_boundary=newer_boundary,
+            cursor=cursor,
+        )
+
+    def set_receipts(self, receipts: dict[str, str], fully_read: str | None) -> None:
+        self._emit(ReceiptsChanged(tuple(sorted(receipts.items())), fully_read))
+
+    # -- walks backwards -------------------------------------------------------------------
+
+    def start_fill(self, gap_id: str) -> WalkState | None:
+        """The walk state for filling ``gap_id``; ``None`` when the gap is gone."""
+        gap = self.store.gap_by_id(self.tx, self.room, gap_id)
+        if gap is None:
+            return None
+        head = self.store.section_head(self.tx, self.room, gap.newer_ord)
+        assert head is not None
+        return WalkState((gap.newer_ord, head), gap.gap_id)
+
+    def start_top(self) -> WalkState | None:
+        """The walk state for paginating the room's top; ``None`` for an empty room."""
+        low = self.store.min_ord(self.tx, self.room)
+        if low is None:
+            return WalkState()
+        head = self.store.section_head(self.tx, self.room, low)
+        gap = self.store.gap_before(self.tx, self.room, low)
+        assert head is not None
+        return WalkState((low, head), None if gap is None else gap.gap_id)
+
+    def walk_page(
+        self, state: WalkState, chunk: Sequence[ClientEvent], end: str | None
+    ) -> PageResult:
+        """Commit one ``/messages?dir=b`` page (newest first) of a backwards walk.
+
+        Events not retained are prepended to the walked section; the walked
+        gap's boundary and cursor move with them, in this same transaction.
+        """
+        store, tx, room = self.store, self.tx, self.room
+        keys = [self._key(e.event_id) for e in chunk]
+        where = store.locate(tx, room, keys)
+        anchor = state.anchor
+        gap: GapRecord | None = None
+        if state.gap_id is not None:
+            gap = store.gap_by_id(tx, room, state.gap_id)
+            if gap is None and anchor is not None:
+                return PageResult(WalkState(anchor), 0, True, False, None)
+        new_gap = False  # `gap` was created by this page and is not written yet
+        run: list[ClientEvent] = []  # prepended this page, newest first
+        at_head = anchor is not None  # the page's oldest event so far is at/below the head
+        joined = False
+        start_reached = end is None
+        seen: set[bytes] = set()
+        for event, key in zip(chunk, keys, strict=True):
+            if event.type == ROOM_CREATE:
+                start_reached = True
+            if key in seen:
+                continue
+            seen.add(key)
+            found = where.get(key)
+            if found is not None:
+                if anchor is None:
+                    # The fresh position is already retained: walk on only if a
+                    # gap lies below this section; otherwise nothing is missing.
+                    below = store.nearest_gap(tx, room, found[0])
+                    if below is None or below.is_top:
+                        joined = True
+                        break
+                    head = store.section_head(tx, room, below.newer_ord)
+                    assert head is not None
+                    anchor, gap = (below.newer_ord, head), below
+                    at_head = found == anchor
+                elif found[0] < anchor[0]:
+                    joined = True  # met the older side: continuity is proven
+                    break
+                else:
+                    at_head = found == anchor
+                continue
+            if anchor is None:
+                tail = store.tail(tx, room)
+                new_ord = 0 if tail is None else tail[0] + 1
+                if tail is None:
+                    gap = self._top_gap(new_ord, event.event_id, None)
+                else:
+                    older = store.event_at(tx, room, tail)
+                    assert older is not None
+                    gap = GapRecord(
+                        gap_id=new_gap_id(),
+                        newer_ord=new_ord,
+                        older_ord=tail[0],
+                        older_boundary=older.event_id,
+                        newer_boundary=event.event_id,
+                        cursor=None,
+                    )
+                new_gap = True
+                anchor = (new_ord, 1)  # so the first event lands at pos 0
+            anchor = (anchor[0], anchor[1] - 1)
+            run.append(event)
+            at_head = True
+        if run:
+            assert anchor is not None
+            self._emit(EventsAdded(anchor[0], anchor[1], tuple(reversed(run))))
+        if gap is None:
+            return PageResult(WalkState(anchor), len(run), joined, start_reached, None)
+        if joined:
+            if not new_gap:
+                self._emit(GapRemoved(gap))
+            return PageResult(WalkState(anchor), len(run), True, False, None)
+        changed = gap
+        if run:
+            changed = replace(changed, newer_boundary=run[-1].event_id)
+        if start_reached:
+            changed = replace(
+                changed, cursor=None, lifecycle=GapLifecycle.Unavailable, failure=None
+            )
+        elif at_head and end is not None:
+            changed = replace(changed, cursor=end)
+        if new_gap:
+            self._emit(GapAdded(changed))
+        elif changed != gap:
+            self._emit(GapChanged(changed))
+        return PageResult(
+            WalkState(anchor, changed.gap_id), len(run), False, start_reached, changed
+        )
+
+    def set_gap_state(
+        self, gap_id: str, lifecycle: GapLifecycle, failure: str | None = None
+    ) -> GapRecord | None:
+        gap = self.store.gap_by_id(self.tx, self.room, gap_id)
+        if gap is None:
+            return None
+        if gap.lifecycle is GapLifecycle.Unavailable:
+            return gap  # the start of accessible history does not come back
+        changed = replace(
+            gap, lifecycle=lifecycle, failure=failure if lifecycle is GapLifecycle.Failed else None
+        )
+        if changed != gap:
+            self._emit(GapChanged(changed))
+        return changed

@@ -1,0 +1,555 @@
+"""The public vocabulary of the client engine: config, commands, answers, events, timeline items.
+
+Names, variants and fields follow seeds/segmented-history.md and DESIGN.md
+("The client engine", "Wire protocol") because they cross the wire unchanged:
+`_wire.py` turns each value here into the JSON DESIGN.md pins, and back.
+
+How the seed's Rust-style enums are spelled in Python:
+
+- an enum of unit variants is an :class:`enum.Enum` whose members carry the
+  variant name both as attribute and value (``RepairPhase.Ready.value ==
+  "Ready"``), so code reads like the seed;
+- an enum with data variants is a union of frozen dataclasses, one per variant
+  (``Command = OpenRoom | CloseRoom | ...``); a unit variant is a dataclass
+  with no fields (``Ok()``, ``Shutdown()``), so ``match`` works uniformly;
+- :class:`RecentHistoryState` is the exception: four unit states and
+  ``Failed(message)``, held as a ``kind`` plus an optional ``message`` so that
+  ``state.kind is RecentHistoryKind.Loading`` is all a reader needs.
+
+Timeline item variants are called ``Event``, ``HistoryGap`` and
+``ReadMarker`` on the wire; in Python they are :class:`EventItem`,
+:class:`HistoryGapItem` and :class:`ReadMarkerItem` so ``Event`` stays free
+for the engine's published events.
+
+Everything is immutable: a value handed to a subscriber can be kept without
+copying, and an engine cannot mutate what a mirror already applied.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, TypeAlias
+
+__all__ = [
+    "READ_MARKER_ID",
+    "Answer",
+    "Append",
+    "Cancel",
+    "Clear",
+    "CloseRoom",
+    "Command",
+    "Continuity",
+    "DiffError",
+    "DumpState",
+    "EngineConfig",
+    "Event",
+    "EventItem",
+    "EventNotFound",
+    "Failed",
+    "FillGap",
+    "GapLifecycle",
+    "HistoryGapItem",
+    "HistoryRepair",
+    "HistoryRepairChanged",
+    "HistoryRepairCommand",
+    "HistoryRepairReport",
+    "Insert",
+    "Interrupted",
+    "Invalid",
+    "Ok",
+    "OpenRoom",
+    "PaginateBackwards",
+    "PushBack",
+    "PushFront",
+    "ReadMarkerItem",
+    "RecentHistoryChanged",
+    "RecentHistoryKind",
+    "RecentHistoryState",
+    "Remove",
+    "RepairPhase",
+    "RepairStop",
+    "Reset",
+    "RetryRecent",
+    "RoomBusy",
+    "RoomNotOpen",
+    "SendMessage",
+    "Set",
+    "Shutdown",
+    "TimelineChanged",
+    "TimelineItem",
+    "TimelineReset",
+    "TimelineState",
+    "VectorDiff",
+    "apply_diff",
+    "apply_diffs",
+]
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    """Tunables of the engine; the defaults are the seed's numbers.
+
+    ``page_size`` and ``page_budget`` bound a ``FillGap`` (four pages of 50);
+    ``recent_pages`` bounds the recent load on open (also four pages of 50);
+    ``initial_history_limit`` is the fallback pagination when a recent load
+    fails on a room with no events yet; ``open_window`` is how many of the
+    newest retained rows an ``OpenRoom`` puts into its ``TimelineReset`` (at
+    least 100 per DESIGN.md; older rows load on ``PaginateBackwards``).
+    """
+
+    initial_history_limit: int = 20
+    page_size: int = 50
+    page_budget: int = 4
+    recent_pages: int = 4
+    open_window: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("initial_history_limit", "page_size", "page_budget", "recent_pages"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        if (
+            isinstance(self.open_window, bool)
+            or not isinstance(self.open_window, int)
+            or self.open_window < 100
+        ):
+            raise ValueError(
+                f"EngineConfig.open_window must be an integer >= 100 (DESIGN.md), "
+                f"got {self.open_window!r}"
+            )
+
+
+# --------------------------------------------------------------------------- small enums
+
+
+class GapLifecycle(enum.Enum):
+    """Where a gap row stands. ``Failed`` carries the row's ``failure`` text."""
+
+    Idle = "Idle"
+    Paused = "Paused"
+    Failed = "Failed"
+    Unavailable = "Unavailable"
+
+
+class RepairPhase(enum.Enum):
+    """``Bridging`` as a fill starts; ``Ready`` or ``Paused`` as it settles."""
+
+    Bridging = "Bridging"
+    Ready = "Ready"
+    Paused = "Paused"
+
+
+class Continuity(enum.Enum):
+    """What a settled fill proved about the interval it walked."""
+
+    Verified = "Verified"  # the older section was reached; the gap is gone
+    AccessibleStart = "AccessibleStart"  # accessible history ended before the older section
+
+
+class RepairStop(enum.Enum):
+    """Why a fill settled ``Paused`` without a failure."""
+
+    Budget = "Budget"
+    CursorStalled = "CursorStalled"
+    HistoryUnavailable = "HistoryUnavailable"
+    Cancelled = "Cancelled"
+
+
+class RecentHistoryKind(enum.Enum):
+    Loading = "Loading"
+    Loaded = "Loaded"
+    Cancelled = "Cancelled"
+    Failed = "Failed"
+    Idle = "Idle"
+
+
+@dataclass(frozen=True, slots=True)
+class RecentHistoryState:
+    """State of a room's recent load: ``Loading | Loaded | Cancelled | Idle | Failed(message)``.
+
+    Build the unit states from the class constants (``RecentHistoryState.LOADING``)
+    and a failure with :meth:`failed`. ``message`` is set exactly when ``kind``
+    is ``Failed``.
+    """
+
+    kind: RecentHistoryKind
+    message: str | None = None
+
+    LOADING: ClassVar[RecentHistoryState]
+    LOADED: ClassVar[RecentHistoryState]
+    CANCELLED: ClassVar[RecentHistoryState]
+    IDLE: ClassVar[RecentHistoryState]
+
+    def __post_init__(self) -> None:
+        if (self.kind is RecentHistoryKind.Failed) != (self.message is not None):
+            raise ValueError("RecentHistoryState carries a message exactly when it is Failed")
+
+    @classmethod
+    def failed(cls, message: str) -> RecentHistoryState:
+        return cls(RecentHistoryKind.Failed, message)
+
+
+RecentHistoryState.LOADING = RecentHistoryState(RecentHistoryKind.Loading)
+RecentHistoryState.LOADED = RecentHistoryState(RecentHistoryKind.Loaded)
+RecentHistoryState.CANCELLED = RecentHistoryState(RecentHistoryKind.Cancelled)
+RecentHistoryState.IDLE = RecentHistoryState(RecentHistoryKind.Idle)
+
+
+# --------------------------------------------------------------------------- timeline items
+
+READ_MARKER_ID = "read-marker"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventItem:
+    """A room event as the timeline shows it (wire variant ``Event``).
+
+    ``id`` is the row id, stable while the row exists (receipts and selection
+    hang on it); ``body`` is ``None`` for events without a text body (state
+    events, redacted or undecryptable messages); ``receipts`` lists the users
+    whose read receipt sits on this row.
+    """
+
+    id: str
+    event_id: str
+    sender: str
+    origin_server_ts: int
+    event_type: str
+    body: str | None
+    edited: bool = False
+    redacted: bool = False
+    receipts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryGapItem:
+    """A durable gap between two sections (wire variant ``HistoryGap``).
+
+    ``id`` is the ``gap_id`` that ``FillGap`` takes and survives lifecycle
+    changes. Both boundaries are events of the room: the newest event of the
+    older section and the oldest event of the newer one. ``failure`` is set
+    exactly when ``lifecycle`` is ``Failed``.
+    """
+
+    id: str
+    older_boundary: str
+    newer_boundary: str
+    lifecycle: GapLifecycle = GapLifecycle.Idle
+    failure: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.lifecycle is GapLifecycle.Failed) != (self.failure is not None):
+            raise ValueError("HistoryGapItem.failure is set exactly when lifecycle is Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadMarkerItem:
+    """The fully-read marker row (wire variant ``ReadMarker``); its id is always ``read-marker``."""
+
+    id: str = READ_MARKER_ID
+
+
+TimelineItem: TypeAlias = EventItem | HistoryGapItem | ReadMarkerItem
+
+
+# --------------------------------------------------------------------------- diffs (eyeball-im VectorDiff)
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    values: tuple[TimelineItem, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PushFront:
+    value: TimelineItem
+
+
+@dataclass(frozen=True, slots=True)
+class PushBack:
+    value: TimelineItem
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    index: int
+    value: TimelineItem
+
+
+@dataclass(frozen=True, slots=True)
+class Set:
+    index: int
+    value: TimelineItem
+
+
+@dataclass(frozen=True, slots=True)
+class Remove:
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Clear:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    values: tuple[TimelineItem, ...]
+
+
+VectorDiff: TypeAlias = Append | PushFront | PushBack | Insert | Set | Remove | Clear | Reset
+
+
+class DiffError(ValueError):
+    """A diff that does not fit the items it is applied to (an index out of range)."""
+
+
+def apply_diff(items: Sequence[TimelineItem], diff: VectorDiff) -> tuple[TimelineItem, ...]:
+    """Return ``items`` with ``diff`` applied, the way eyeball-im's ``VectorDiff::apply`` does.
+
+    Pure: ``items`` is not changed. An index out of range raises
+    :class:`DiffError` rather than clamping, because a diff stream that does
+    not line up with its reader is a bug to surface, not to paper over.
+    """
+    n = len(items)
+    match diff:
+        case Append(values=values):
+            return (*items, *values)
+        case PushFront(value=value):
+            return (value, *items)
+        case PushBack(value=value):
+            return (*items, value)
+        case Insert(index=index, value=value):
+            if not 0 <= index <= n:
+                raise DiffError(f"Insert at {index} into {n} items")
+            return (*items[:index], value, *items[index:])
+        case Set(index=index, value=value):
+            if not 0 <= index < n:
+                raise DiffError(f"Set at {index} of {n} items")
+            return (*items[:index], value, *items[index + 1 :])
+        case Remove(index=index):
+            if not 0 <= index < n:
+                raise DiffError(f"Remove at {index} of {n} items")
+            return (*items[:index], *items[index + 1 :])
+        case Clear():
+            return ()
+        case Reset(values=values):
+            return tuple(values)
+    raise TypeError(f"not a VectorDiff: {diff!r}")
+
+
+def apply_diffs(
+    items: Sequence[TimelineItem], diffs: Sequence[VectorDiff]
+) -> tuple[TimelineItem, ...]:
+    """Apply ``diffs`` in order (as one ``TimelineChanged`` carries them)."""
+    out = tuple(items)
+    for diff in diffs:
+        out = apply_diff(out, diff)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineState:
+    """A room's timeline rows, oldest first (index 0 is the oldest row)."""
+
+    items: tuple[TimelineItem, ...] = ()
+
+    def apply(self, *diffs: VectorDiff) -> TimelineState:
+        return TimelineState(apply_diffs(self.items, diffs))
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRoom:
+    """Load retained history and gaps (one ``TimelineReset``), then start a recent load."""
+
+    room_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseRoom:
+    """Stop whatever runs in the room, publish ``Idle``, forget its timeline."""
+
+    room_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class FillGap:
+    room_id: str
+    gap_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RetryRecent:
+    room_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    room_id: str
+
+
+HistoryRepairCommand: TypeAlias = FillGap | RetryRecent | Cancel
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRepair:
+    """Wraps a :data:`HistoryRepairCommand` (wire: ``{"HistoryRepair": {"FillGap": ...}}``)."""
+
+    command: HistoryRepairCommand
+
+    @property
+    def room_id(self) -> str:
+        return self.command.room_id
+
+
+@dataclass(frozen=True, slots=True)
+class SendMessage:
+    room_id: str
+    body: str
+
+
+@dataclass(frozen=True, slots=True)
+class PaginateBackwards:
+    """Extension: load up to ``count`` rows older than the oldest loaded row of an open room.
+
+    Retained rows come from the cache first; once the oldest retained event
+    is loaded, the room is paginated on the server (from the oldest section's
+    cursor). New rows land as ``TimelineChanged`` diffs at the front; the
+    answer (``Ok``) comes after them. A call that adds no row means the top of
+    the room's accessible history is loaded. It is a history operation of the
+    room: it answers ``RoomBusy`` while a recent load or a fill runs (and
+    while it runs, they do), and ``Cancel`` interrupts it.
+    """
+
+    room_id: str
+    count: int = 50
+
+    def __post_init__(self) -> None:
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ValueError(
+                f"PaginateBackwards.count must be a positive integer, got {self.count!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """Close every open room (each publishes ``Idle``) and stop the engine."""
+
+
+@dataclass(frozen=True, slots=True)
+class DumpState:
+    """Extension: ask for the mirror's state. The bridge answers it from its mirror."""
+
+
+Command: TypeAlias = (
+    OpenRoom | CloseRoom | HistoryRepair | SendMessage | PaginateBackwards | Shutdown | DumpState
+)
+
+
+# --------------------------------------------------------------------------- answers
+
+
+@dataclass(frozen=True, slots=True)
+class Ok:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RoomBusy:
+    """Another history operation runs in the room."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupted:
+    """The command was cancelled (``Cancel``, ``CloseRoom``, ``Shutdown``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventNotFound:
+    """The gap (or event) named by the command does not exist (a joined gap is gone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoomNotOpen:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    message: str
+
+
+Answer: TypeAlias = Ok | RoomBusy | Interrupted | EventNotFound | RoomNotOpen | Failed | Invalid
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryRepairReport:
+    """One report of a ``FillGap``: ``Bridging`` as it starts, then once as it settles.
+
+    ``pages``/``events`` count what this fill committed. Settled shapes:
+    ``Ready`` + ``Verified``; ``Paused`` + a ``stop`` (``HistoryUnavailable``
+    comes with ``AccessibleStart``); ``Paused`` + a ``failure``.
+    """
+
+    room_id: str
+    gap_id: str
+    pages: int = 0
+    events: int = 0
+    phase: RepairPhase = RepairPhase.Bridging
+    continuity: Continuity | None = None
+    stop: RepairStop | None = None
+    failure: str | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.phase is not RepairPhase.Bridging
+
+
+@dataclass(frozen=True, slots=True)
+class RecentHistoryChanged:
+    room_id: str
+    state: RecentHistoryState
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRepairChanged:
+    """Carries a report; on the wire the report's fields sit directly under the tag."""
+
+    report: HistoryRepairReport
+
+    @property
+    def room_id(self) -> str:
+        return self.report.room_id
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineReset:
+    """A room's retained rows as it opens; sent once per open, never for history."""
+
+    room_id: str
+    items: tuple[TimelineItem, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineChanged:
+    room_id: str
+    diffs: tuple[VectorDiff, ...] = field(default=())
+
+
+Event: TypeAlias = RecentHistoryChanged | HistoryRepairChanged | TimelineReset | TimelineChanged

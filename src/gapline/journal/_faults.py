@@ -1,0 +1,59 @@
+"""Crash points for the crash-matrix tests: a test hook, not a feature.
+
+Setting ``GAPLINE_FAULT=<boundary>`` in a bot's environment makes the process
+``SIGKILL`` itself the first time it reaches that boundary. SIGKILL, not an
+exception: nothing after the boundary may run — no ``finally``, no flush — so
+the restart sees exactly what a power cut would leave. The boundaries are the
+durable steps of one answer, in order:
+
+``after_admission_before_dispatch``
+    the message is committed to the journal; the handler has not run.
+``after_handler_result_before_enqueue``
+    the handler's final text is durable in the turn store; nothing is enqueued.
+``after_enqueue_before_claim``
+    the final delivery is in the outbox and the source is settled.
+``after_claim_before_send``
+    the delivery row is ``attempted`` (payload and txn id frozen); nothing sent.
+``after_send_before_acknowledgement``
+    the homeserver has the final edit; the outbox does not know it yet.
+``after_acknowledgement``
+    acknowledgement and the terminal turn record are committed.
+
+With ``GAPLINE_FAULT_ONCE=<path>`` the fault fires only if ``path`` does not
+exist yet (it is created just before the kill), so one environment can be
+reused across a restart.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+
+__all__ = ["FAULT_ENV", "FAULT_ONCE_ENV", "FaultPoint", "fault_point"]
+
+FAULT_ENV = "GAPLINE_FAULT"
+FAULT_ONCE_ENV = "GAPLINE_FAULT_ONCE"
+
+
+class FaultPoint(enum.StrEnum):
+    AFTER_ADMISSION_BEFORE_DISPATCH = "after_admission_before_dispatch"
+    AFTER_HANDLER_RESULT_BEFORE_ENQUEUE = "after_handler_result_before_enqueue"
+    AFTER_ENQUEUE_BEFORE_CLAIM = "after_enqueue_before_claim"
+    AFTER_CLAIM_BEFORE_SEND = "after_claim_before_send"
+    AFTER_SEND_BEFORE_ACKNOWLEDGEMENT = "after_send_before_acknowledgement"
+    AFTER_ACKNOWLEDGEMENT = "after_acknowledgement"
+
+
+def fault_point(point: FaultPoint) -> None:
+    """Kill this process with SIGKILL if ``GAPLINE_FAULT`` names ``point``."""
+    if os.environ.get(FAULT_ENV) != point.value:
+        return
+    once = os.environ.get(FAULT_ONCE_ENV)
+    if once:
+        try:
+            fd = os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            return
+        os.close(fd)
+    os.kill(os.getpid(), signal.SIGKILL)

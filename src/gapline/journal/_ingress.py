@@ -1,0 +1,428 @@
+"""Sync ingress: every timeline event admitted durably before the sync token moves.
+
+The loop takes one ``/sync`` answer, admits each timeline event through the
+:class:`AdmissionView` (each ``admit`` returns only after its commit), and
+only then persists ``next_batch``. A crash in between redelivers the batch;
+admission deduplicates by event id, so nothing is lost and nothing doubles.
+
+Provenance is what the sync answer says, never a local guess (contract 11):
+
+- a timeline event of an incremental sync is ``LIVE``;
+- the timeline of a ``limited`` incremental sync is ``RECOVERED`` (the server
+  says events were left out before it; it is a catch-up, not a live tail);
+- every timeline event of the first sync (no stored token) is ``HISTORY``: it
+  predates this journal, like a page of ``/messages``.
+
+Room-lifecycle state (our own membership) has its own rule and is never
+labelled LIVE/RECOVERED/HISTORY: an invite is a *dispatch* (join or reject,
+per ``--allow-inviter``); a room under ``rooms.leave`` is a *reported
+departure* fenced exactly once (contract 8); our join seen in a room's state
+is a baseline record only (nothing to do: the epoch moves on departures).
+
+Self-authored progress edits (contract 4) are not admitted at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+
+from gapline.journal._faults import FaultPoint, fault_point
+from gapline.journal._progress import is_streaming_progress
+from gapline.journal._sidecar import SidecarUnresolved, resolve_sidecar, sidecar_ref
+from gapline.journal._types import (
+    AdmitOutcome,
+    DepartureSource,
+    EventKind,
+    InboundEvent,
+    Provenance,
+)
+from gapline.journal._views import AdmissionView, MembershipView
+from gapline.matrix import ClientEvent, MatrixError, SyncResponse
+from gapline.storage import Backend, Migration
+
+__all__ = [
+    "Ingress",
+    "IngressPolicy",
+    "RuntimeState",
+    "classify_kind",
+    "inbound_event",
+    "is_own_progress",
+    "thread_of",
+    "visible_content",
+]
+
+log = logging.getLogger("gapline.journal.ingress")
+
+_RUNTIME_MIGRATIONS = [
+    Migration(
+        1,
+        "runtime state: sync token and device id per principal",
+        # key: 'sync_token' | 'device_id' | 'reported:<leave event id>'
+        sqlite="""
+        CREATE TABLE journal_runtime_state (
+            principal_id TEXT NOT NULL,
+            key TEXT NOT NULL,
+            value TEXT NOT NULL,
+            PRIMARY KEY (principal_id, key)
+        )
+        """,
+    )
+]
+
+
+class RuntimeState:
+    """The runtime's own per-principal facts: the sync position and the device.
+
+    The device id must survive restarts: homeservers deduplicate transaction
+    ids per device, so a new device would turn a deterministic retry into a
+    second answer.
+    """
+
+    def __init__(self, backend: Backend, principal_id: str) -> None:
+        self._backend = backend
+        self._principal = principal_id
+
+    @classmethod
+    async def open(cls, backend: Backend, principal_id: str) -> RuntimeState:
+        await backend.migrate("journal_runtime", _RUNTIME_MIGRATIONS)
+        return cls(backend, principal_id)
+
+    async def get(self, key: str) -> str | None:
+        row = await self._backend.read(
+            lambda tx: tx.one(
+                "SELECT value FROM journal_runtime_state WHERE principal_id = ? AND key = ?",
+                (self._principal, key),
+            )
+        )
+        return None if row is None else str(row[0])
+
+    async def put(self, key: str, value: str) -> None:
+        await self._backend.write(
+            lambda tx: tx.execute(
+                "INSERT INTO journal_runtime_state (principal_id, key, value) VALUES (?, ?, ?) "
+                "ON CONFLICT (principal_id, key) DO UPDATE SET value = excluded.value",
+                (self._principal, key, value),
+            )
+        )
+
+    async def sync_token(self) -> str | None:
+        return await self.get("sync_token")
+
+    async def save_sync_token(self, token: str) -> None:
+        await self.put("sync_token", token)
+
+    async def device_id(self) -> str | None:
+        return await self.get("device_id")
+
+    async def save_device_id(self, device_id: str) -> None:
+        await self.put("device_id", device_id)
+
+
+# -- pure classification ---------------------------------------------------------------
+
+
+def visible_content(event: ClientEvent) -> Mapping[str, Any]:
+    """An edit's ``m.new_content``, anything else's ``content``."""
+    new = event.content.get("m.new_content")
+    if _rel_type(event) == "m.replace" and isinstance(new, Mapping):
+        return new
+    return event.content
+
+
+def _rel_type(event: ClientEvent) -> str | None:
+    relates = event.content.get("m.relates_to")
+    if isinstance(relates, Mapping):
+        rel = relates.get("rel_type")
+        return rel if isinstance(rel, str) else None
+    return None
+
+
+def thread_of(event: ClientEvent) -> str | None:
+    """The thread root an event says it belongs to, or None."""
+    relates = event.content.get("m.relates_to")
+    if isinstance(relates, Mapping) and relates.get("rel_type") == "m.thread":
+        root = relates.get("event_id")
+        return root if isinstance(root, str) else None
+    return None
+
+
+def is_own_progress(event: ClientEvent, principal_id: str) -> bool:
+    """Contract 4's predicate over a Matrix event (the store's pure function)."""
+    return is_streaming_progress(
+        principal_id=principal_id,
+        sender=event.sender,
+        rel_type=_rel_type(event),
+        visible_content=visible_content(event),
+    )
+
+
+def classify_kind(event: ClientEvent, principal_id: str, provenance: Provenance) -> EventKind:
+    """What the runtime will do with an event.
+
+    Only a new text message from someone else, delivered live or recovered,
+    is a turn: history predates us, our own messages are context, and an
+    edit revises a message rather than asking anything new.
+    """
+    if event.type == "m.room.redaction":
+        return EventKind.REDACTION
+    if event.type == "m.reaction":
+        return EventKind.REACTION
+    if (
+        event.type == "m.room.message"
+        and event.state_key is None
+        and event.sender != principal_id
+        and provenance is not Provenance.HISTORY
+        and _rel_type(event) != "m.replace"
+        and event.content.get("msgtype") in ("m.text", "m.notice", "m.emote")
+        and isinstance(event.content.get("body"), str)
+    ):
+        return EventKind.ACTIONABLE
+    return EventKind.CONTEXT_ONLY
+
+
+def inbound_event(
+    room_id: str,
+    event: ClientEvent,
+    *,
+    kind: EventKind,
+    provenance: Provenance,
+    resolved_text: str | None = None,
+) -> InboundEvent:
+    return InboundEvent(
+        event_id=event.event_id,
+        room_id=room_id,
+        thread_id=thread_of(event),
+        sender=event.sender,
+        origin_server_ts=event.origin_server_ts,
+        type=event.type,
+        content=msgspec.json.encode(event.content).decode(),
+        kind=kind,
+        provenance=provenance,
+        redacts=event.redacts,
+        resolved_text=resolved_text,
+    )
+
+
+class MediaDownloader(Protocol):
+    async def download(self, mxc_uri: str) -> bytes: ...
+
+
+async def resolve_text(event: ClientEvent, media: MediaDownloader | None) -> str | None:
+    """The resolved sidecar text of an event that carries one; None when it has none
+    or it cannot be resolved (the store then records the refresh debt)."""
+    ref = sidecar_ref(visible_content(event))
+    if ref is None or media is None:
+        return None
+    try:
+        return await resolve_sidecar(ref, media.download)
+    except SidecarUnresolved as exc:
+        log.warning("sidecar unresolved", extra={"event_id": event.event_id, "error": str(exc)})
+        return None
+
+
+# -- the loop ----------------------------------------------------------------------------
+
+
+class SyncSource(MediaDownloader, Protocol):
+    async def sync(
+        self,
+        *,
+        since: str | None = None,
+        timeout_ms: int | None = None,
+        filter: str | Mapping[str, Any] | None = None,
+        timeline_limit: int | None = None,
+        full_state: bool | None = None,
+        set_presence: str | None = None,
+    ) -> SyncResponse: ...
+
+    async def join(self, room_id_or_alias: str, *, via: Sequence[str] = ()) -> str: ...
+
+    async def leave(self, room_id: str, *, reason: str | None = None) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class IngressPolicy:
+    """Who may invite the bot (empty: anyone) and how a sync is asked for."""
+
+    allow_inviters: frozenset[str] = frozenset()
+    timeline_limit: int = 100
+    long_poll_ms: int = 10_000
+
+    def may_invite(self, inviter: str) -> bool:
+        return not self.allow_inviters or inviter in self.allow_inviters
+
+
+class IngressMembership(AdmissionView, MembershipView, Protocol):
+    """Ingress admits events and reports departures: exactly these two views."""
+
+
+@dataclass
+class Ingress:
+    """Owns the sync loop of one principal."""
+
+    journal: IngressMembership
+    client: SyncSource
+    state: RuntimeState
+    policy: IngressPolicy = field(default_factory=IngressPolicy)
+    on_admitted: Callable[[], None] | None = None
+    on_synced: Callable[[], Awaitable[None]] | None = None
+    _first_sync_done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def principal_id(self) -> str:
+        return self.journal.principal_id
+
+    async def wait_first_sync(self) -> None:
+        await self._first_sync_done.wait()
+
+    async def run(self) -> None:
+        """Sync until cancelled; transient homeserver failures are retried with backoff."""
+        since = await self.state.sync_token()
+        if since is None:
+            # A first sync never delivers the echo of an earlier local leave: the
+            # reports owed from a lost store would otherwise swallow a real departure.
+            for room_id in await self.journal.rooms_owing_departure_reports():
+                await self.journal.retire_owed_departure_reports(room_id)
+        failures = 0
+        while True:
+            try:
+                response = await self.client.sync(
+                    since=since,
+                    timeout_ms=0 if since is None else self.policy.long_poll_ms,
+                    filter={
+                        "room": {"timeline": {"limit": self.policy.timeline_limit}},
+                        "presence": {"not_types": ["*"]},
+                    },
+                )
+            except MatrixError as exc:
+                failures += 1
+                delay = min(30.0, 0.5 * 2 ** min(failures, 6))
+                log.warning("sync failed", extra={"error": str(exc), "retry_in_s": delay})
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
+            await self.process(response, initial=since is None)
+            # Only now, with every delivered event committed, may the position move.
+            await self.state.save_sync_token(response.next_batch)
+            since = response.next_batch
+            self._first_sync_done.set()
+            if self.on_synced is not None:
+                await self.on_synced()
+
+    async def process(self, response: SyncResponse, *, initial: bool) -> None:
+        rooms = response.rooms
+        for room_id, joined in rooms.join.items():
+            if initial:
+                provenance = Provenance.HISTORY
+            elif joined.timeline.limited:
+                provenance = Provenance.RECOVERED
+            else:
+                provenance = Provenance.LIVE
+            await self._admit_timeline(room_id, joined.timeline.events, provenance)
+        for room_id, left in rooms.leave.items():
+            provenance = Provenance.HISTORY if initial else Provenance.LIVE
+            echoes = await self._admit_timeline(room_id, left.timeline.events, provenance)
+            if echoes == 0:
+                # A limited timeline left our leave event out: the section itself is
+                # the report. (No event id to remember it by; a redelivery after a
+                # crash can fence this one twice, which only advances the epoch again.)
+                await self._reported_departure(room_id, None)
+        for room_id, invited in rooms.invite.items():
+            await self._invited(room_id, invited.invite_state.events)
+
+    def _is_own_departure(self, event: ClientEvent) -> bool:
+        return (
+            event.type == "m.room.member"
+            and event.state_key == self.principal_id
+            and event.content.get("membership") in ("leave", "ban")
+        )
+
+    async def _admit_timeline(
+        self, room_id: str, events: Sequence[ClientEvent], provenance: Provenance
+    ) -> int:
+        """Admit ``events`` in order; returns how many departures of ours they reported.
+
+        Our own leave is a room-lifecycle event: it is journaled like any other
+        event but, in addition, reported to the membership fence at its place in
+        the timeline, and the epoch is re-read so later events of the same batch
+        (a rejoin) are admitted under the membership they belong to.
+        """
+        if not events:
+            return 0
+        echoes = 0
+        epoch = await self.journal.epoch(room_id)
+        for event in events:
+            if is_own_progress(event, self.principal_id):
+                continue
+            kind = classify_kind(event, self.principal_id, provenance)
+            resolved = await resolve_text(event, self.client)
+            outcome = await self.journal.admit(
+                inbound_event(
+                    room_id, event, kind=kind, provenance=provenance, resolved_text=resolved
+                ),
+                epoch=epoch,
+            )
+            if outcome is AdmitOutcome.STALE_EPOCH:
+                # Membership moved under this batch (a local leave): the event belongs to
+                # the membership that ended, and the new epoch must not inherit it.
+                log.info(
+                    "event refused by membership fence",
+                    extra={"room_id": room_id, "event_id": event.event_id},
+                )
+            elif outcome is AdmitOutcome.ADMITTED and kind is EventKind.ACTIONABLE:
+                fault_point(FaultPoint.AFTER_ADMISSION_BEFORE_DISPATCH)
+                if self.on_admitted is not None:
+                    self.on_admitted()
+            if self._is_own_departure(event):
+                echoes += 1
+                await self._reported_departure(room_id, event.event_id)
+                epoch = await self.journal.epoch(room_id)
+        return echoes
+
+    async def _reported_departure(self, room_id: str, leave_event_id: str | None) -> None:
+        """Fence a departure the server reported, once per leave event.
+
+        The leave event's id is the report's identity, remembered in the runtime
+        state, so a batch redelivered after a crash does not fence twice, and
+        two leaves before one sync are two reports, each retiring the report
+        its local leave owes (contract 8).
+        """
+        marker = None if leave_event_id is None else f"reported:{leave_event_id}"
+        if marker is not None and await self.state.get(marker) is not None:
+            return
+        outcome = await self.journal.fence_departure(room_id, source=DepartureSource.REPORTED)
+        log.info(
+            "departure reported",
+            extra={"room_id": room_id, "event_id": leave_event_id, "outcome": outcome.value},
+        )
+        if marker is not None:
+            await self.state.put(marker, outcome.value)
+
+    async def _invited(self, room_id: str, invite_state: Sequence[Any]) -> None:
+        inviter = next(
+            (
+                e.sender
+                for e in invite_state
+                if e.type == "m.room.member" and e.state_key == self.principal_id
+            ),
+            None,
+        )
+        if inviter is not None and self.policy.may_invite(inviter):
+            try:
+                await self.client.join(room_id)
+                log.info("joined on invite", extra={"room_id": room_id, "inviter": inviter})
+            except MatrixError as exc:
+                log.warning("join failed", extra={"room_id": room_id, "error": str(exc)})
+            return
+        try:
+            await self.client.leave(room_id, reason="inviter not allowed")
+        except MatrixError as exc:
+            log.warning("invite rejection failed", extra={"room_id": room_id, "error": str(exc)})
+        else:
+            log.info("invite rejected", extra={"room_id": room_id, "inviter": inviter})

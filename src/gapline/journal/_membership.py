@@ -1,0 +1,98 @@
+"""Membership epochs and the durable owed-departure-report set (seed contract 8).
+
+Exactly-once is durable here, not in-process: a LOCAL leave advances the epoch and
+records one owed report in the same transaction; the REPORTED echo retires one owed
+report instead of advancing again; a REPORTED departure with nothing owed advances. An
+advance that raises rolls back whole (nothing owed is recorded, so the echo advances), a
+restart finds the owed rows, and two leaves before one echo owe two reports.
+
+PostgreSQL: admission, hydration chunks, refetch installs and enqueue take a shared
+transaction-scoped advisory lock on (principal, room) before checking the epoch; an
+advance takes it exclusively. Under READ COMMITTED that is what stops an admission that
+read the old epoch from committing a projection row after the advance dropped them.
+"""
+
+from __future__ import annotations
+
+from gapline.journal._types import DepartureOutcome, DepartureSource
+from gapline.storage import Dialect, Tx
+
+__all__ = ["advance_epoch", "current_epoch", "fence_departure", "lock_room"]
+
+# Semantic consumer whose claimed reactions a fence sweeps with the turn-backed events.
+INTERACTIVE_REACTION = "interactive_reaction"
+
+
+def lock_room(tx: Tx, p: str, room_id: str, *, exclusive: bool) -> None:
+    if tx.dialect is not Dialect.POSTGRES:
+        return
+    fn = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    tx.one(f"SELECT {fn}(hashtextextended(?, 0))", (f"m {p} {room_id}",))
+
+
+def current_epoch(tx: Tx, p: str, room_id: str) -> int:
+    row = tx.one(
+        "SELECT epoch FROM journal_membership WHERE principal_id = ? AND room_id = ?",
+        (p, room_id),
+    )
+    return 0 if row is None else int(row[0])
+
+
+def advance_epoch(tx: Tx, p: str, room_id: str) -> int:
+    """Advance the room's epoch and drop or settle every fact derived under the old one.
+
+    The caller holds the exclusive room lock. Attempted-but-unacknowledged deliveries
+    survive on purpose: their outcome is unknown, and keeping the frozen payload and
+    transaction id makes a retry collapse onto the same event.
+    """
+    row = tx.one(
+        "INSERT INTO journal_membership (principal_id, room_id, epoch) VALUES (?, ?, 1)"
+        " ON CONFLICT (principal_id, room_id) DO UPDATE SET epoch = journal_membership.epoch + 1"
+        " RETURNING epoch",
+        (p, room_id),
+    )
+    assert row is not None
+    params = (p, room_id)
+    tx.execute("DELETE FROM journal_messages WHERE principal_id = ? AND room_id = ?", params)
+    tx.execute("DELETE FROM journal_held_edits WHERE principal_id = ? AND room_id = ?", params)
+    tx.execute("DELETE FROM journal_coverage WHERE principal_id = ? AND room_id = ?", params)
+    tx.execute(
+        "DELETE FROM journal_outbox WHERE principal_id = ? AND room_id = ?"
+        " AND acked_event_id IS NULL AND attempted = 0",
+        params,
+    )
+    # Force-settle turn-backed sources (and claimed interactive reactions) so the worker
+    # does not offer them forever only for enqueue to refuse. Other kinds (redactions
+    # above all) still owe real work and are left pending.
+    tx.execute(
+        "UPDATE journal_events SET settled = 2, source = NULL, consumer = NULL"
+        " WHERE principal_id = ? AND settled = 0 AND room_id = ?"
+        " AND (kind = 'actionable' OR (kind = 'reaction' AND consumer = ?))",
+        (p, room_id, INTERACTIVE_REACTION),
+    )
+    return int(row[0])
+
+
+def fence_departure(tx: Tx, p: str, room_id: str, source: DepartureSource) -> DepartureOutcome:
+    lock_room(tx, p, room_id, exclusive=True)
+    if source is DepartureSource.REPORTED:
+        owed = tx.one(
+            "SELECT epoch FROM journal_owed_departures WHERE principal_id = ? AND room_id = ?"
+            " ORDER BY epoch LIMIT 1",
+            (p, room_id),
+        )
+        if owed is not None:
+            tx.execute(
+                "DELETE FROM journal_owed_departures"
+                " WHERE principal_id = ? AND room_id = ? AND epoch = ?",
+                (p, room_id, owed[0]),
+            )
+            return DepartureOutcome.ECHO_RETIRED
+        advance_epoch(tx, p, room_id)
+        return DepartureOutcome.ADVANCED
+    epoch = advance_epoch(tx, p, room_id)
+    tx.execute(
+        "INSERT INTO journal_owed_departures (principal_id, room_id, epoch) VALUES (?, ?, ?)",
+        (p, room_id, epoch),
+    )
+    return DepartureOutcome.ADVANCED_OWING_REPORT

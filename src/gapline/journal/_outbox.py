@@ -1,0 +1,246 @@
+"""Turns and the deterministic outbox ("Deterministic delivery" in the seed).
+
+- Transaction ids are derived from (principal, delivery id, stage), so a retry after a
+  crash reuses the id and the homeserver collapses it onto the same event.
+- ``enqueue`` creates a row or updates an unattempted one; it refuses a turn admitted
+  under an older membership epoch; with ``settle_source`` it settles the turn's source
+  in the same transaction (contract 2: ownership transfers at durable handoff).
+- ``claim`` commits ``attempted`` before any network I/O and returns the exact stored
+  row, so an older deterministic transaction Matrix may already have accepted can never
+  be followed by different content under the same id.
+- ``acknowledge`` commits the acknowledgement and the turn record together; the loser
+  of a race writes neither, so the outbox and the turn record never name different events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from gapline.journal._membership import current_epoch, lock_room
+from gapline.journal._types import (
+    AckOutcome,
+    Delivery,
+    DeliveryRequest,
+    DeliveryStage,
+    EnqueueOutcome,
+    TurnNotCompleted,
+    TurnRecord,
+    TurnState,
+    UnknownEvent,
+    UnknownTurn,
+    decode_thread_id,
+    encode_thread_id,
+)
+from gapline.storage import Dialect, Tx
+
+__all__ = [
+    "acknowledge",
+    "begin_turn",
+    "claim",
+    "enqueue",
+    "load_turn",
+    "record_result",
+    "transaction_id",
+]
+
+
+def transaction_id(principal_id: str, delivery_id: str, stage: DeliveryStage) -> str:
+    """Deterministic Matrix transaction id for one delivery stage (pure)."""
+    digest = hashlib.sha256(
+        "\x1f".join((principal_id, delivery_id, stage.value)).encode("utf-8")
+    ).hexdigest()
+    return f"gl{digest[:40]}"
+
+
+def _as_bytes(content: str | bytes) -> bytes:
+    return content.encode("utf-8") if isinstance(content, str) else bytes(content)
+
+
+_TURN_COLUMNS = (
+    "turn_id, room_id, thread_id, source_event_id, epoch, state, result,"
+    " initial_event_id, final_event_id"
+)
+
+
+def _turn(row: tuple) -> TurnRecord:
+    return TurnRecord(
+        turn_id=row[0],
+        room_id=row[1],
+        thread_id=decode_thread_id(row[2]),
+        source_event_id=row[3],
+        epoch=int(row[4]),
+        state=TurnState(row[5]),
+        result=None if row[6] is None else bytes(row[6]),
+        initial_event_id=row[7],
+        final_event_id=row[8],
+    )
+
+
+def load_turn(tx: Tx, p: str, turn_id: str) -> TurnRecord | None:
+    row = tx.one(
+        f"SELECT {_TURN_COLUMNS} FROM journal_turns WHERE principal_id = ? AND turn_id = ?",
+        (p, turn_id),
+    )
+    return None if row is None else _turn(row)
+
+
+def begin_turn(tx: Tx, p: str, source_event_id: str) -> TurnRecord:
+    """Open (idempotently) the turn answering ``source_event_id``; its id is the source's."""
+    source = tx.one(
+        "SELECT room_id, thread_id, epoch FROM journal_events WHERE principal_id = ? AND event_id = ?",
+        (p, source_event_id),
+    )
+    if source is None:
+        raise UnknownEvent(source_event_id)
+    tx.execute(
+        "INSERT INTO journal_turns (principal_id, turn_id, room_id, thread_id, source_event_id,"
+        " epoch, state) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+        (
+            p,
+            source_event_id,
+            source[0],
+            source[1],
+            source_event_id,
+            source[2],
+            TurnState.OPEN.value,
+        ),
+    )
+    turn = load_turn(tx, p, source_event_id)
+    assert turn is not None
+    return turn
+
+
+def record_result(tx: Tx, p: str, turn_id: str, result: bytes) -> TurnRecord:
+    """Make the handler result durable. The first result recorded wins: a rerun after a
+    crash must deliver what the completed call produced, not a second answer."""
+    tx.execute(
+        "UPDATE journal_turns SET result = ?, state = ? WHERE principal_id = ? AND turn_id = ?"
+        " AND state = ?",
+        (bytes(result), TurnState.COMPLETED.value, p, turn_id, TurnState.OPEN.value),
+    )
+    turn = load_turn(tx, p, turn_id)
+    if turn is None:
+        raise UnknownTurn(turn_id)
+    return turn
+
+
+def enqueue(
+    tx: Tx, p: str, request: DeliveryRequest, settle_source: bool
+) -> tuple[EnqueueOutcome, str]:
+    """Write the delivery row; returns the outcome and the outbox channel payload."""
+    turn = load_turn(tx, p, request.turn_id)
+    if turn is None:
+        raise UnknownTurn(request.turn_id)
+    if request.room_id != turn.room_id:
+        raise ValueError(f"turn {turn.turn_id} belongs to {turn.room_id}, not {request.room_id}")
+    lock_room(tx, p, turn.room_id, exclusive=False)
+    if current_epoch(tx, p, turn.room_id) != turn.epoch:
+        return EnqueueOutcome.STALE_EPOCH, ""
+    if request.stage is DeliveryStage.FINAL and turn.state is TurnState.OPEN:
+        raise TurnNotCompleted(turn.turn_id)
+    content = _as_bytes(request.content)
+    thread = encode_thread_id(request.thread_id)
+    created = tx.one(
+        "INSERT INTO journal_outbox (principal_id, delivery_id, stage, turn_id, room_id, thread_id,"
+        " event_type, content, txn_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (principal_id, delivery_id, stage) DO NOTHING RETURNING seq",
+        (
+            p,
+            request.delivery_id,
+            request.stage.value,
+            turn.turn_id,
+            request.room_id,
+            thread,
+            request.event_type,
+            content,
+            transaction_id(p, request.delivery_id, request.stage),
+        ),
+    )
+    if created is not None:
+        outcome = EnqueueOutcome.CREATED
+    elif (
+        tx.execute(
+            "UPDATE journal_outbox SET content = ?, thread_id = ?, event_type = ?"
+            " WHERE principal_id = ? AND delivery_id = ? AND stage = ? AND attempted = 0"
+            " AND acked_event_id IS NULL",
+            (content, thread, request.event_type, p, request.delivery_id, request.stage.value),
+        )
+        == 1
+    ):
+        outcome = EnqueueOutcome.UPDATED
+    else:
+        row = tx.one(
+            "SELECT acked_event_id FROM journal_outbox"
+            " WHERE principal_id = ? AND delivery_id = ? AND stage = ?",
+            (p, request.delivery_id, request.stage.value),
+        )
+        outcome = (
+            EnqueueOutcome.ACKNOWLEDGED
+            if row is not None and row[0] is not None
+            else EnqueueOutcome.FROZEN
+        )
+    if settle_source:
+        tx.execute(
+            "UPDATE journal_events SET settled = 1, source = NULL, consumer = NULL"
+            " WHERE principal_id = ? AND event_id = ? AND settled = 0",
+            (p, turn.source_event_id),
+        )
+    return outcome, request.delivery_id
+
+
+_DELIVERY_COLUMNS = (
+    "seq, turn_id, delivery_id, stage, room_id, thread_id, event_type, content, txn_id, attempted"
+)
+
+
+def _delivery(row: tuple) -> Delivery:
+    return Delivery(
+        seq=int(row[0]),
+        turn_id=row[1],
+        delivery_id=row[2],
+        stage=DeliveryStage(row[3]),
+        room_id=row[4],
+        thread_id=decode_thread_id(row[5]),
+        event_type=row[6],
+        content=bytes(row[7]),
+        txn_id=row[8],
+        attempted=bool(row[9]),
+    )
+
+
+def claim(tx: Tx, p: str, limit: int) -> tuple[Delivery, ...]:
+    """Commit ``attempted`` on the oldest unacknowledged rows and return them as stored.
+
+    One statement, so a concurrent fence on PostgreSQL either deletes a row before this
+    locks it (the row is not returned) or finds it attempted (the row survives).
+    """
+    lock = " FOR UPDATE" if tx.dialect is Dialect.POSTGRES else ""
+    rows = tx.all(
+        "UPDATE journal_outbox SET attempted = 1 WHERE seq IN ("
+        " SELECT seq FROM journal_outbox WHERE principal_id = ? AND acked_event_id IS NULL"
+        f" ORDER BY seq LIMIT ?{lock}) RETURNING {_DELIVERY_COLUMNS}",
+        (p, limit),
+    )
+    return tuple(sorted((_delivery(r) for r in rows), key=lambda d: d.seq))
+
+
+def acknowledge(tx: Tx, p: str, delivery: Delivery, event_id: str) -> AckOutcome:
+    won = tx.execute(
+        "UPDATE journal_outbox SET acked_event_id = ? WHERE principal_id = ? AND delivery_id = ?"
+        " AND stage = ? AND txn_id = ? AND attempted = 1 AND acked_event_id IS NULL",
+        (event_id, p, delivery.delivery_id, delivery.stage.value, delivery.txn_id),
+    )
+    if won != 1:
+        return AckOutcome.LOST
+    if delivery.stage is DeliveryStage.INITIAL:
+        tx.execute(
+            "UPDATE journal_turns SET initial_event_id = ? WHERE principal_id = ? AND turn_id = ?",
+            (event_id, p, delivery.turn_id),
+        )
+    else:
+        tx.execute(
+            "UPDATE journal_turns SET final_event_id = ?, state = ?"
+            " WHERE principal_id = ? AND turn_id = ?",
+            (event_id, TurnState.DELIVERED.value, p, delivery.turn_id),
+        )
+    return AckOutcome.ACKNOWLEDGED

@@ -1,0 +1,339 @@
+"""The journal's vocabulary: envelopes, keys, cursors, outcomes.
+
+Nothing here names a principal. The principal-bound store view supplies it, so an
+envelope or a key can never point a caller at another bot's rows (seed: "Principal
+ownership").
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = [
+    "AckOutcome",
+    "AdmitOutcome",
+    "ChunkOutcome",
+    "ConsumerClaim",
+    "ConversationKey",
+    "ConversationPage",
+    "ConversationRow",
+    "Coverage",
+    "Cursor",
+    "Delivery",
+    "DeliveryRequest",
+    "DeliveryStage",
+    "DepartureOutcome",
+    "DepartureSource",
+    "EnqueueOutcome",
+    "EventKind",
+    "InboundEvent",
+    "InvalidCursor",
+    "JournalError",
+    "PendingEvent",
+    "Provenance",
+    "RefreshDebt",
+    "Revision",
+    "TurnNotCompleted",
+    "TurnRecord",
+    "TurnState",
+    "UnknownEvent",
+    "UnknownTurn",
+    "decode_thread_id",
+    "encode_thread_id",
+]
+
+
+class JournalError(Exception):
+    """Base of the journal's own errors (storage errors come from gapline.storage)."""
+
+
+class InvalidCursor(JournalError, ValueError):
+    """A cursor string is not ``<created_ts>:<event_id>``."""
+
+
+class UnknownEvent(JournalError, LookupError):
+    """No journal row of this principal has that event id."""
+
+
+class UnknownTurn(JournalError, LookupError):
+    """No turn of this principal has that id."""
+
+
+class TurnNotCompleted(JournalError):
+    """A FINAL delivery was enqueued before the turn's result was durable."""
+
+
+# -- conversation identity ---------------------------------------------------------
+
+
+def encode_thread_id(thread_id: str | None) -> str:
+    """The one boundary where an unthreaded conversation (None) becomes storage's ''.
+
+    Storage keeps ``thread_id TEXT NOT NULL`` so no key or uniqueness constraint
+    depends on nullable equality (NULL = NULL is not true in SQL).
+    """
+    if thread_id == "":
+        raise ValueError("thread_id '' is reserved: an unthreaded conversation is None")
+    return "" if thread_id is None else thread_id
+
+
+def decode_thread_id(stored: str) -> str | None:
+    """Storage's '' back to the API's None."""
+    return None if stored == "" else stored
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationKey:
+    """A conversation of the bound principal: a room's main timeline or one thread."""
+
+    room_id: str
+    thread_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Cursor:
+    """A stable position in a conversation, compared as the row value
+    ``(created_ts, logical_event_id)``. ``str()`` is ``<created_ts>:<event_id>``."""
+
+    created_ts: int
+    logical_event_id: str
+
+    def __str__(self) -> str:
+        return f"{self.created_ts}:{self.logical_event_id}"
+
+    @classmethod
+    def parse(cls, text: str) -> Cursor:
+        """Parse ``<created_ts>:<event_id>``; event ids may themselves contain ':'."""
+        ts, sep, event_id = text.partition(":")
+        if not sep or not event_id or not ts.isdigit():
+            raise InvalidCursor(f"not a cursor (want <created_ts>:<event_id>): {text!r}")
+        return cls(int(ts), event_id)
+
+
+# -- admission ------------------------------------------------------------------------
+
+
+class EventKind(enum.Enum):
+    """What the runtime will do with an event; decides retention and fencing."""
+
+    ACTIONABLE = "actionable"  # turn-backed: a handler answers it; keeps replay input
+    CONTEXT_ONLY = "context_only"  # projected, then compacted to its identity
+    REACTION = "reaction"
+    REDACTION = "redaction"  # still owes cleanup: never swept by a fence
+    APPROVAL_REPLY = "approval_reply"
+    DECRYPTION_FAILURE = "decryption_failure"
+
+
+class Provenance(enum.Enum):
+    """How nio/sync classified the event (contract 11); recorded, never inferred."""
+
+    LIVE = "live"
+    RECOVERED = "recovered"
+    HISTORY = "history"
+
+
+@dataclass(frozen=True, slots=True)
+class InboundEvent:
+    """One Matrix event as admitted. ``content`` is the raw Matrix content (JSON text
+    or bytes): the exact replay input for actionable events.
+
+    ``thread_id`` is the thread root for a threaded event, None otherwise.
+    ``redacts`` is the redaction target for room versions that carry it at the top
+    level (v11 keeps it in content, which is read too). ``resolved_text`` is the
+    resolved sidecar plaintext when the content is a sidecar preview (contract 10).
+    """
+
+    event_id: str
+    room_id: str
+    thread_id: str | None
+    sender: str
+    origin_server_ts: int
+    type: str
+    content: str | bytes
+    kind: EventKind
+    provenance: Provenance = Provenance.LIVE
+    redacts: str | None = None
+    resolved_text: str | None = None
+
+
+class AdmitOutcome(enum.Enum):
+    ADMITTED = "admitted"  # committed: journaled and projected
+    DUPLICATE = "duplicate"  # this principal already holds the event id; nothing changed
+    STALE_EPOCH = "stale_epoch"  # membership moved since the caller observed it; refused
+
+
+@dataclass(frozen=True, slots=True)
+class PendingEvent:
+    """A committed, unsettled event with its exact replay input.
+
+    ``seq`` is durable receipt order; ``event.content`` is the bytes admitted
+    (text was stored as UTF-8). ``epoch`` is the room's membership epoch at admission.
+    """
+
+    seq: int
+    event: InboundEvent
+    epoch: int
+
+
+class ConsumerClaim(enum.Enum):
+    CLAIMED = "claimed"
+    ALREADY_SETTLED = "already_settled"
+    STALE_EPOCH = "stale_epoch"  # membership moved: the event was settled against the new epoch
+
+
+# -- projection and reads -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRow:
+    """One logical message at its latest visible revision."""
+
+    event_id: str  # the logical (original) event id
+    room_id: str
+    thread_id: str | None
+    sender: str
+    created_ts: int  # origin_server_ts of the original
+    body: str
+    edited: bool
+    revision_event_id: str  # the visible revision: event_id itself when unedited
+
+    @property
+    def cursor(self) -> Cursor:
+        return Cursor(self.created_ts, self.event_id)
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshDebt:
+    """A logical message whose visible body is cleared until a point refetch installs the
+    server's revision. The token must be handed back unchanged to ``install_refetched``."""
+
+    room_id: str
+    logical_event_id: str
+    created_ts: int
+    refresh_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationPage:
+    """The newest ``limit`` logical messages before a cursor.
+
+    ``rows`` are oldest first and never include a body-cleared row; those are in
+    ``owing_refresh``. ``next_before`` is the cursor of the oldest row examined
+    (visible or owed), or None when the conversation start was reached.
+    """
+
+    rows: tuple[ConversationRow, ...]
+    owing_refresh: tuple[RefreshDebt, ...]
+    next_before: Cursor | None
+
+
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """A server-authoritative visible revision installed by the point refetch.
+
+    ``content`` is the visible content (an edit's ``m.new_content``, or the original's
+    content). ``event_id`` equals the logical event id when the original is visible.
+    """
+
+    event_id: str
+    origin_server_ts: int
+    content: str | bytes
+    resolved_text: str | None = None
+
+
+class ChunkOutcome(enum.Enum):
+    PROJECTED = "projected"
+    STALE_EPOCH = "stale_epoch"
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """Published by hydration's final transaction for one conversation."""
+
+    epoch: int
+    reached_start: bool
+    messages: int
+
+
+# -- membership -----------------------------------------------------------------------
+
+
+class DepartureSource(enum.Enum):
+    LOCAL = "local"  # we left (or were told we are leaving) ourselves
+    REPORTED = "reported"  # sync reported our membership gone
+
+
+class DepartureOutcome(enum.Enum):
+    ADVANCED_OWING_REPORT = "advanced_owing_report"  # LOCAL: epoch advanced, echo owed
+    ADVANCED = "advanced"  # REPORTED with nothing owed: epoch advanced
+    ECHO_RETIRED = "echo_retired"  # REPORTED: consumed one owed report, no advance
+
+
+# -- outbox and turns -----------------------------------------------------------------
+
+
+class DeliveryStage(enum.Enum):
+    INITIAL = "initial"
+    FINAL = "final"
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRequest:
+    """What a turn asks the outbox to send. ``content`` is the Matrix content JSON."""
+
+    turn_id: str
+    delivery_id: str
+    stage: DeliveryStage
+    room_id: str
+    thread_id: str | None
+    event_type: str
+    content: str | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """The exact stored delivery a worker sends: payload and target frozen at claim."""
+
+    seq: int
+    turn_id: str
+    delivery_id: str
+    stage: DeliveryStage
+    room_id: str
+    thread_id: str | None
+    event_type: str
+    content: bytes
+    txn_id: str
+    attempted: bool
+
+
+class EnqueueOutcome(enum.Enum):
+    CREATED = "created"
+    UPDATED = "updated"  # an unattempted row took the new payload
+    FROZEN = "frozen"  # already attempted: payload and txn id kept, nothing changed
+    ACKNOWLEDGED = "acknowledged"  # already delivered: nothing changed
+    STALE_EPOCH = "stale_epoch"  # the turn was admitted under an older epoch: refused
+
+
+class AckOutcome(enum.Enum):
+    ACKNOWLEDGED = "acknowledged"
+    LOST = "lost"  # another acknowledger won, or the row is gone: nothing written
+
+
+class TurnState(enum.Enum):
+    OPEN = "open"
+    COMPLETED = "completed"  # handler result durable
+    DELIVERED = "delivered"  # FINAL acknowledged: terminal
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    turn_id: str
+    room_id: str
+    thread_id: str | None
+    source_event_id: str
+    epoch: int  # the membership epoch that admitted the source
+    state: TurnState
+    result: bytes | None
+    initial_event_id: str | None
+    final_event_id: str | None

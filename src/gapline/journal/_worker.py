@@ -1,0 +1,211 @@
+"""The delivery worker and the shapes of an answer on the wire.
+
+The worker holds only a :class:`DeliveryView`. Its loop is the seed's
+"Deterministic delivery" rule, in order, with a crash point between each step:
+
+1. ``claim`` commits ``attempted`` before any network I/O. From here the
+   payload, target and transaction id are frozen.
+2. ``PUT /send/{type}/{txn_id}``. The homeserver deduplicates a repeated
+   transaction id per sending device, so a retry after a crash collapses onto
+   the event the first attempt created (the device is persisted for this).
+3. ``acknowledge`` commits the acknowledgement and the turn record together.
+   A losing acknowledger writes neither.
+
+An attempted row whose send failed stays attempted; ``claim`` offers it again
+and it is retried with the same payload and transaction id after a backoff.
+
+Answer contents: the INITIAL stage is a placeholder reply (``m.in_reply_to``
+the source, inside its thread when it has one) marked ``pending``; progress
+edits are ``m.replace`` marked ``streaming`` and are sent directly, never
+through the outbox (contract 4: transport-only); the FINAL stage is an
+``m.replace`` marked ``complete``, the only revision the projection keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+
+from gapline.journal._faults import FaultPoint, fault_point
+from gapline.journal._progress import STREAM_STATUS_KEY
+from gapline.journal._types import AckOutcome, Delivery, DeliveryStage
+from gapline.journal._views import DeliveryView
+from gapline.matrix import Forbidden, MatrixError, MatrixHTTPError
+
+__all__ = [
+    "DeliverySender",
+    "DeliveryWorker",
+    "edit_content",
+    "placeholder_content",
+]
+
+log = logging.getLogger("gapline.journal.worker")
+
+PLACEHOLDER_BODY = "…"
+
+
+class DeliverySender(Protocol):
+    """The slice of `MatrixClient` the worker needs."""
+
+    async def send_event(
+        self,
+        room_id: str,
+        event_type: str,
+        content: Mapping[str, Any],
+        txn_id: str | None = None,
+    ) -> str: ...
+
+
+def placeholder_content(source_event_id: str, thread_id: str | None) -> dict[str, Any]:
+    """The INITIAL stage: a reply to the source, in its thread, marked pending."""
+    relates: dict[str, Any] = {"m.in_reply_to": {"event_id": source_event_id}}
+    if thread_id is not None:
+        relates.update({"rel_type": "m.thread", "event_id": thread_id, "is_falling_back": False})
+    return {
+        "msgtype": "m.text",
+        "body": PLACEHOLDER_BODY,
+        STREAM_STATUS_KEY: "pending",
+        "m.relates_to": relates,
+    }
+
+
+def edit_content(
+    initial_event_id: str, body: str, *, status: str, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """An ``m.replace`` of the placeholder: ``status`` is ``streaming`` or ``complete``.
+
+    ``extra`` (a sidecar reference) goes into both the fallback and ``m.new_content``.
+    """
+    new_content: dict[str, Any] = {"msgtype": "m.text", "body": body, STREAM_STATUS_KEY: status}
+    new_content.update(extra or {})
+    content: dict[str, Any] = {
+        "msgtype": "m.text",
+        "body": f"* {body}",
+        STREAM_STATUS_KEY: status,
+        "m.new_content": new_content,
+        "m.relates_to": {"rel_type": "m.replace", "event_id": initial_event_id},
+    }
+    content.update(extra or {})
+    return content
+
+
+AckListener = Callable[[Delivery, str], None]
+
+
+@dataclass
+class _Backoff:
+    failures: int = 0
+    not_before: float = 0.0
+
+
+@dataclass
+class DeliveryWorker:
+    """Claims, sends and acknowledges outbox rows until cancelled.
+
+    ``wake()`` nudges it after an enqueue in this process; a subscription to
+    the outbox channel (when given) covers enqueues from elsewhere, and a
+    poll interval covers lost notifications.
+    """
+
+    view: DeliveryView
+    sender: DeliverySender
+    on_acknowledged: AckListener | None = None
+    batch: int = 32
+    poll_interval: float = 2.0
+    max_backoff: float = 30.0
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _backoff: dict[tuple[str, DeliveryStage], _Backoff] = field(default_factory=dict)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()
+            sent_any = await self.run_once()
+            if sent_any:
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self._next_wait())
+
+    def _next_wait(self) -> float:
+        now = time.monotonic()
+        waits = [b.not_before - now for b in self._backoff.values()]
+        soonest = min([w for w in waits if w > 0], default=self.poll_interval)
+        return max(0.05, min(self.poll_interval, soonest))
+
+    async def run_once(self) -> bool:
+        """Claim one batch and deliver what is due; True when something was acknowledged."""
+        deliveries = await self.view.claim(self.batch + len(self._backoff))
+        now = time.monotonic()
+        due = [
+            d
+            for d in deliveries
+            if self._backoff.get((d.delivery_id, d.stage), _Backoff()).not_before <= now
+        ][: self.batch]
+        if not due:
+            return False
+        results = await asyncio.gather(*(self._deliver(d) for d in due))
+        return any(results)
+
+    async def _deliver(self, delivery: Delivery) -> bool:
+        final = delivery.stage is DeliveryStage.FINAL
+        if final:
+            fault_point(FaultPoint.AFTER_CLAIM_BEFORE_SEND)
+        key = (delivery.delivery_id, delivery.stage)
+        try:
+            content = msgspec.json.decode(delivery.content)
+            event_id = await self.sender.send_event(
+                delivery.room_id, delivery.event_type, content, txn_id=delivery.txn_id
+            )
+        except MatrixError as exc:
+            self._record_failure(key, delivery, exc)
+            return False
+        if final:
+            fault_point(FaultPoint.AFTER_SEND_BEFORE_ACKNOWLEDGEMENT)
+        outcome = await self.view.acknowledge(delivery, event_id)
+        self._backoff.pop(key, None)
+        if final:
+            fault_point(FaultPoint.AFTER_ACKNOWLEDGEMENT)
+        log.info(
+            "delivery acknowledged",
+            extra={
+                "turn_id": delivery.turn_id,
+                "stage": delivery.stage.value,
+                "room_id": delivery.room_id,
+                "event_id": event_id,
+                "outcome": outcome.value,
+            },
+        )
+        if outcome is AckOutcome.ACKNOWLEDGED and self.on_acknowledged is not None:
+            self.on_acknowledged(delivery, event_id)
+        return outcome is AckOutcome.ACKNOWLEDGED
+
+    def _record_failure(
+        self, key: tuple[str, DeliveryStage], delivery: Delivery, exc: MatrixError
+    ) -> None:
+        state = self._backoff.setdefault(key, _Backoff())
+        state.failures += 1
+        # Forbidden (we left the room) is retried slowly: the row is attempted, its
+        # outcome unknown, and a rejoin must still collapse onto the same event.
+        base = 5.0 if isinstance(exc, Forbidden) else 0.5
+        delay = min(self.max_backoff, base * 2 ** (state.failures - 1))
+        state.not_before = time.monotonic() + delay
+        log.warning(
+            "delivery failed; will retry with the same transaction id",
+            extra={
+                "turn_id": delivery.turn_id,
+                "stage": delivery.stage.value,
+                "room_id": delivery.room_id,
+                "error": str(exc),
+                "status": exc.status if isinstance(exc, MatrixHTTPError) else None,
+                "retry_in_s": round(delay, 2),
+            },
+        )

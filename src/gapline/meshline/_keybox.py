@@ -1,0 +1,197 @@
+"""``MessageKeyBox``: X25519 + HKDF-SHA256 + AES-256-GCM wrapping of a content key.
+
+KDF info and the box's AAD are the same bytes: network-bound
+``meshline.message.key_box.aad`` naming the message header, the account
+allowed to decrypt (recipient account for recipient boxes, sender account for
+sender boxes), the device and the ephemeral key. An all-zero X25519 result
+aborts the operation on both sides.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import x25519
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from gapline.meshline._base64 import b64u_decode, b64u_encode
+from gapline.meshline._canonical import (
+    NetworkContext,
+    canonical_json,
+    network_bound_bytes,
+    parse_json,
+)
+from gapline.meshline._errors import BadRequest, DecryptionFailed
+from gapline.meshline._fields import b64_field, extensions, object_of
+from gapline.meshline._ids import check_device_id
+
+__all__ = [
+    "KEYBOX_ALG",
+    "KEYBOX_SALT",
+    "MAX_BOXES",
+    "MessageHeader",
+    "MessageKeyBox",
+    "check_box_set",
+    "key_box_info",
+    "unwrap_content_key",
+    "wrap_content_key",
+    "x25519_shared_secret",
+]
+
+KEYBOX_ALG = "X25519-HKDF-SHA256-AES256GCM"
+KEYBOX_SALT = hashlib.sha256(b"Meshline/keybox-salt/v1").digest()
+MAX_BOXES = 8
+_ZERO32 = bytes(32)
+_BOX_FIELDS = frozenset({"device_id", "alg", "enc", "sealed_key"})
+
+
+@dataclass(frozen=True, slots=True)
+class MessageHeader:
+    """The envelope fields a key box is bound to."""
+
+    message_id: str
+    created_at: int
+    from_: str
+    from_device_id: str
+
+    @classmethod
+    def of(cls, envelope: Any) -> MessageHeader:
+        return cls(
+            envelope.message_id, envelope.created_at, envelope.from_, envelope.from_device_id
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MessageKeyBox:
+    device_id: str
+    enc: str
+    sealed_key: str
+    alg: str = KEYBOX_ALG
+    extensions: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            **self.extensions,
+            "device_id": self.device_id,
+            "alg": self.alg,
+            "enc": self.enc,
+            "sealed_key": self.sealed_key,
+        }
+
+    def to_json(self) -> bytes:
+        return canonical_json(self.to_wire())
+
+    @classmethod
+    def from_wire(cls, value: object) -> MessageKeyBox:
+        obj = object_of(value, "MessageKeyBox")
+        if obj.get("alg") != KEYBOX_ALG:
+            raise BadRequest(f"key box alg must be {KEYBOX_ALG}")
+        return cls(
+            device_id=check_device_id(obj.get("device_id")),
+            enc=b64_field(obj, "enc", 32),
+            sealed_key=b64_field(obj, "sealed_key", 60),
+            extensions=extensions(obj, _BOX_FIELDS),
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> MessageKeyBox:
+        return cls.from_wire(parse_json(data))
+
+
+def check_box_set(value: object, what: str) -> tuple[MessageKeyBox, ...]:
+    """1..8 boxes with distinct device IDs."""
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_BOXES:
+        raise BadRequest(f"{what}: expected 1 to {MAX_BOXES} key boxes")
+    boxes = tuple(MessageKeyBox.from_wire(v) for v in value)
+    if len({b.device_id for b in boxes}) != len(boxes):
+        raise BadRequest(f"{what}: device IDs must be distinct")
+    return boxes
+
+
+def x25519_shared_secret(private_key: x25519.X25519PrivateKey, peer_public: bytes) -> bytes:
+    """X25519 with the mandatory all-zero check (general.md)."""
+    try:
+        secret = private_key.exchange(x25519.X25519PublicKey.from_public_bytes(peer_public))
+    except ValueError:
+        # cryptography refuses an all-zero result itself on some builds.
+        raise DecryptionFailed("X25519 shared secret is all zero") from None
+    if secret == _ZERO32:
+        raise DecryptionFailed("X25519 shared secret is all zero")
+    return secret
+
+
+def key_box_info(
+    header: MessageHeader, *, account: str, device_id: str, enc: str, context: NetworkContext
+) -> bytes:
+    return network_bound_bytes(
+        {
+            "$type": "meshline.message.key_box.aad",
+            "alg": KEYBOX_ALG,
+            "payload_alg": "AES-256-GCM",
+            "message_id": header.message_id,
+            "created_at": header.created_at,
+            "from": header.from_,
+            "from_device_id": header.from_device_id,
+            "account": account,
+            "device_id": device_id,
+            "enc": enc,
+        },
+        context,
+    )
+
+
+def _wrap_key(secret: bytes, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=KEYBOX_SALT, info=info).derive(secret)
+
+
+def wrap_content_key(
+    content_key: bytes,
+    header: MessageHeader,
+    *,
+    account: str,
+    device_id: str,
+    encryption_public_key: bytes,
+    context: NetworkContext,
+    ephemeral: x25519.X25519PrivateKey | None = None,
+    nonce: bytes | None = None,
+) -> MessageKeyBox:
+    """Seal ``content_key`` for one device of ``account`` (fresh ephemeral key per box)."""
+    ephemeral = x25519.X25519PrivateKey.generate() if ephemeral is None else ephemeral
+    nonce = os.urandom(12) if nonce is None else nonce
+    secret = x25519_shared_secret(ephemeral, encryption_public_key)
+    enc = b64u_encode(
+        ephemeral.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+    )
+    info = key_box_info(header, account=account, device_id=device_id, enc=enc, context=context)
+    sealed = AESGCM(_wrap_key(secret, info)).encrypt(nonce, content_key, info)
+    return MessageKeyBox(device_id=device_id, enc=enc, sealed_key=b64u_encode(nonce + sealed))
+
+
+def unwrap_content_key(
+    box: MessageKeyBox,
+    header: MessageHeader,
+    *,
+    account: str,
+    encryption_key: x25519.X25519PrivateKey,
+    context: NetworkContext,
+) -> bytes:
+    """Recover the content key; DecryptionFailed on any mismatch."""
+    secret = x25519_shared_secret(encryption_key, b64u_decode(box.enc, length=32))
+    info = key_box_info(
+        header, account=account, device_id=box.device_id, enc=box.enc, context=context
+    )
+    sealed = b64u_decode(box.sealed_key, length=60)
+    try:
+        key = AESGCM(_wrap_key(secret, info)).decrypt(sealed[:12], sealed[12:], info)
+    except InvalidTag:
+        raise DecryptionFailed("key box does not authenticate") from None
+    return key

@@ -1,0 +1,204 @@
+"""Whole-message construction and opening: the ``message.send`` params object.
+
+Sealing: random content key → payload encrypted under the message AAD →
+envelope signed by the device → one key box per recipient device (recipient
+account) and, optionally, per sender device (sender account).
+Opening (messages-and-content.md "Random sources and recipient validation"):
+envelope signature first, then the key box, then the payload; no plaintext
+escapes unless every step passed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric import x25519
+
+from gapline.meshline._canonical import NetworkContext, canonical_json, parse_json
+from gapline.meshline._certificates import DeviceCertificate
+from gapline.meshline._envelope import (
+    ENVELOPE_TYPE,
+    MessageEnvelope,
+    decrypt_payload,
+    encrypt_payload,
+    envelope_aad,
+    message_aad,
+    sign_envelope,
+    verify_envelope,
+)
+from gapline.meshline._errors import BadRequest
+from gapline.meshline._fields import object_of
+from gapline.meshline._identity import DeviceKeys
+from gapline.meshline._ids import new_message_id
+from gapline.meshline._keybox import (
+    MessageHeader,
+    MessageKeyBox,
+    check_box_set,
+    unwrap_content_key,
+    wrap_content_key,
+)
+
+__all__ = ["BoxTarget", "SendParams", "open_envelope", "seal_message"]
+
+
+@dataclass(frozen=True, slots=True)
+class BoxTarget:
+    """A device to wrap the content key for: its ID and X25519 public key."""
+
+    device_id: str
+    encryption_public_key: bytes
+
+    @classmethod
+    def of(cls, cert: DeviceCertificate, context: NetworkContext) -> BoxTarget:
+        return cls(cert.device_id(context), cert.encryption_key_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class SendParams:
+    """``message.send`` params: ``{envelope, recipient_boxes, sender_boxes?, authorization?}``."""
+
+    envelope: MessageEnvelope
+    recipient_boxes: tuple[MessageKeyBox, ...]
+    sender_boxes: tuple[MessageKeyBox, ...] | None = None
+    authorization: Mapping[str, Any] | None = None
+    extensions: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {
+            **self.extensions,
+            "envelope": self.envelope.to_wire(),
+            "recipient_boxes": [b.to_wire() for b in self.recipient_boxes],
+        }
+        if self.sender_boxes is not None:
+            wire["sender_boxes"] = [b.to_wire() for b in self.sender_boxes]
+        if self.authorization is not None:
+            wire["authorization"] = dict(self.authorization)
+        return wire
+
+    def to_json(self) -> bytes:
+        return canonical_json(self.to_wire())
+
+    @classmethod
+    def from_wire(cls, value: object) -> SendParams:
+        """Structure only: box-set shape, self-delivery without sender boxes."""
+        obj = object_of(value, "message.send params")
+        envelope = MessageEnvelope.from_wire(obj.get("envelope"))
+        recipient_boxes = check_box_set(obj.get("recipient_boxes"), "recipient_boxes")
+        sender_boxes = None
+        if "sender_boxes" in obj:
+            if envelope.from_ == envelope.to:
+                raise BadRequest("sender_boxes must be omitted for self-delivery")
+            sender_boxes = check_box_set(obj.get("sender_boxes"), "sender_boxes")
+        authorization = obj.get("authorization")
+        if "authorization" in obj and not isinstance(authorization, Mapping):
+            raise BadRequest("authorization: expected an object")
+        known = {"envelope", "recipient_boxes", "sender_boxes", "authorization"}
+        return cls(
+            envelope=envelope,
+            recipient_boxes=recipient_boxes,
+            sender_boxes=sender_boxes,
+            authorization=authorization,
+            extensions={k: v for k, v in obj.items() if k not in known},
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> SendParams:
+        return cls.from_wire(parse_json(data))
+
+
+def seal_message(
+    content: Mapping[str, Any],
+    *,
+    device_keys: DeviceKeys,
+    from_: str,
+    from_device_id: str,
+    to: str,
+    recipients: Sequence[BoxTarget],
+    context: NetworkContext,
+    senders: Sequence[BoxTarget] | None = None,
+    created_at: int | None = None,
+    message_id: str | None = None,
+    content_key: bytes | None = None,
+) -> SendParams:
+    """Encrypt ``content`` (a business object with ``$type``) into ``message.send`` params."""
+    if not isinstance(content.get("$type"), str):
+        raise BadRequest("business object needs a string $type")
+    if senders is not None and from_ == to:
+        raise BadRequest("sender boxes must be omitted for self-delivery")
+    message_id = new_message_id() if message_id is None else message_id
+    created_at = int(time.time()) if created_at is None else created_at
+    key: bytes = os.urandom(32) if content_key is None else content_key
+    aad = message_aad(
+        message_id=message_id,
+        created_at=created_at,
+        from_=from_,
+        from_device_id=from_device_id,
+        to=to,
+        context=context,
+    )
+    payload = encrypt_payload(canonical_json(dict(content)), key, aad)
+    envelope = sign_envelope(
+        {
+            "$type": ENVELOPE_TYPE,
+            "message_id": message_id,
+            "created_at": created_at,
+            "from": from_,
+            "from_device_id": from_device_id,
+            "to": to,
+            "payload": payload.to_wire(),
+        },
+        device_keys,
+        context,
+    )
+    header = MessageHeader(message_id, created_at, from_, from_device_id)
+
+    def boxes(targets: Sequence[BoxTarget], account: str) -> tuple[MessageKeyBox, ...]:
+        return tuple(
+            wrap_content_key(
+                key,
+                header,
+                account=account,
+                device_id=t.device_id,
+                encryption_public_key=t.encryption_public_key,
+                context=context,
+            )
+            for t in targets
+        )
+
+    recipient_boxes = boxes(recipients, to)
+    sender_boxes = None if senders is None else boxes(senders, from_)
+    for name, box_set in (("recipient", recipient_boxes), ("sender", sender_boxes or ())):
+        if len({b.device_id for b in box_set}) != len(box_set) or len(box_set) > 8:
+            raise BadRequest(f"{name} boxes: at most 8 distinct devices")
+    if not recipient_boxes:
+        raise BadRequest("at least one recipient device is needed")
+    return SendParams(envelope, recipient_boxes, sender_boxes)
+
+
+def open_envelope(
+    envelope: MessageEnvelope,
+    key_box: MessageKeyBox,
+    *,
+    sender_signing_key: bytes,
+    box_account: str,
+    encryption_key: x25519.X25519PrivateKey,
+    context: NetworkContext,
+) -> bytes:
+    """Verify, unwrap, authenticate and decrypt; the plaintext bytes of the business object.
+
+    ``box_account`` is the account the box was sealed for: the envelope's
+    ``to`` for a received record, its ``from`` for a sent record.
+    """
+    verify_envelope(envelope, sender_signing_key, context)
+    content_key = unwrap_content_key(
+        key_box,
+        MessageHeader.of(envelope),
+        account=box_account,
+        encryption_key=encryption_key,
+        context=context,
+    )
+    return decrypt_payload(envelope.payload, content_key, envelope_aad(envelope, context))

@@ -1,0 +1,79 @@
+"""The relay's configuration: what `gapline relay serve` flags set."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gapline.meshline._canonical import NetworkContext
+
+__all__ = ["DEFAULT_NETWORK_CONTEXT", "RelayConfig", "system_clock"]
+
+# The local-development network context: Neo magic 0 and the all-zero registry hash, which
+# is format-valid (common-v1.json "zero_registry") and belongs to no deployed registry. Every
+# client of a local relay must be configured with the same value; it is never sent on the wire.
+DEFAULT_NETWORK_CONTEXT = "neo:0:0x" + "0" * 40
+
+
+def system_clock() -> int:
+    return int(time.time())
+
+
+@dataclass(frozen=True, slots=True)
+class RelayConfig:
+    """Everything a relay process needs. Times are seconds; sizes are bytes."""
+
+    dsn: str
+    retention: int
+    host: str = "127.0.0.1"
+    port: int = 8787
+    network_context: NetworkContext = field(
+        default_factory=lambda: NetworkContext(DEFAULT_NETWORK_CONTEXT)
+    )
+    relay_key_file: Path | None = None
+    # The URL clients reach this relay at; sessions and auth signatures bind its origin.
+    # Default: http://HOST:PORT (https when TLS is configured).
+    public_url: str | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    name: str = "gapline relay"
+    base_path: str = "/meshline/v1"
+    # HTTP bodies and WebSocket text frames (the spec's WSS frame limit is 1 MiB).
+    max_request_bytes: int = 1024 * 1024
+    # Per-session token bucket (unauthenticated calls: per remote address).
+    rate_per_second: float = 500.0
+    rate_burst: int = 1000
+    # Outbound messages queued per WebSocket connection before the reader is slowed down.
+    ws_queue: int = 256
+    # Requests handled concurrently per WebSocket connection.
+    ws_inflight: int = 64
+    cleanup_interval: float = 30.0
+    clock_skew: int = 300
+    delivery_age_limit: int = 7 * 86400
+    challenge_ttl: int = 300
+    session_ttl: int = 86400
+    page_limit: int = 200
+    descriptor_ttl: int = 86400
+    shutdown_timeout: float = 10.0
+    clock: Callable[[], int] = system_clock
+
+    def __post_init__(self) -> None:
+        if self.retention <= 0:
+            raise ValueError("retention must be a positive number of seconds")
+        if not self.base_path.startswith("/") or self.base_path.endswith("/"):
+            raise ValueError("base path must start with / and not end with /")
+
+    @property
+    def url(self) -> str:
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        scheme = "https" if self.tls_cert else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}{self.base_path}"
+
+    @property
+    def ws_url(self) -> str:
+        url = self.url
+        return ("wss" + url[5:]) if url.startswith("https") else ("ws" + url[4:])

@@ -1,0 +1,62 @@
+"""Prometheus metrics of one relay process (its own registry, so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["RelayMetrics"]
+
+
+class RelayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "meshline_relay_requests",
+            "Method calls by method and transport.",
+            ["method", "transport"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "meshline_relay_errors",
+            "Failed method calls by method and error code.",
+            ["method", "code"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "meshline_relay_request_seconds",
+            "Method call latency.",
+            ["method"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=self.registry,
+        )
+        self.appends = Counter(
+            "meshline_relay_timeline_appends",
+            "Timeline records appended.",
+            registry=self.registry,
+        )
+        self.cleanup_removed = Counter(
+            "meshline_relay_cleanup_removed",
+            "Rows removed by retention cleanup, by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.cleanup_runs = Counter(
+            "meshline_relay_cleanup_runs", "Retention cleanup passes.", registry=self.registry
+        )
+        self.ws_connections = Gauge(
+            "meshline_relay_ws_connections", "Open WebSocket connections.", registry=self.registry
+        )
+        self.notifications = Counter(
+            "meshline_relay_notifications",
+            "Notifications sent to WebSocket clients.",
+            ["method"],
+            registry=self.registry,
+        )
+        self.rate_limited = Counter(
+            "meshline_relay_rate_limited",
+            "Calls refused by the rate limiter.",
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

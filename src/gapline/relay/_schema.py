@@ -1,0 +1,134 @@
+"""The relay's tables: numbered, commented migrations for SQLite and PostgreSQL.
+
+Every hot query has an index that covers it (see the comments in
+``_timeline_store.py`` next to each query; ``tests/relay/test_store_plans.py``
+asserts the SQLite plans).
+"""
+
+from __future__ import annotations
+
+from gapline.storage import Migration
+
+__all__ = ["MIGRATIONS", "SCHEMA"]
+
+SCHEMA = "meshline_relay"
+
+_V1 = """
+-- Relay-wide settings that must survive restarts: the relay's own key.
+CREATE TABLE relay_meta (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+
+-- The authoritative AccountDeviceState of each account this relay is home for.
+-- canonical: the state's Canonical JSON, compared byte-for-byte on equal revisions.
+CREATE TABLE device_states (
+    account   TEXT PRIMARY KEY,
+    revision  {BIG} NOT NULL,
+    canonical TEXT NOT NULL
+);
+
+-- The devices of each account's current state, with their certificate validity window.
+-- A device is valid at t when it has a row here and not_before <= t < expires_at.
+CREATE TABLE account_devices (
+    account    TEXT NOT NULL,
+    device_id  TEXT NOT NULL,
+    not_before {BIG} NOT NULL,
+    expires_at {BIG} NOT NULL,
+    PRIMARY KEY (account, device_id)
+);
+
+-- Every device certificate ever seen in accepted state (latest version per device), so a
+-- sync page can carry the certificate of a sender device that has since been removed.
+CREATE TABLE device_certificates (
+    device_id   TEXT PRIMARY KEY,
+    account     TEXT NOT NULL,
+    certificate TEXT NOT NULL
+);
+
+-- Issued auth.challenge nonces; a verify attempt deletes the row (consumed whatever the outcome).
+CREATE TABLE auth_challenges (
+    nonce      TEXT PRIMARY KEY,
+    account    TEXT NOT NULL,
+    expires_at {BIG} NOT NULL
+);
+
+-- Sessions, keyed by SHA-256 of the bearer token (the token itself is never stored).
+CREATE TABLE sessions (
+    token_hash TEXT PRIMARY KEY,
+    account    TEXT NOT NULL,
+    mode       TEXT NOT NULL,
+    device_id  TEXT,
+    origin     TEXT NOT NULL,
+    expires_at {BIG} NOT NULL
+);
+CREATE INDEX sessions_by_account ON sessions (account, device_id);
+
+-- The highest sequence ever assigned per account (the timeline head). Never lowered:
+-- cleanup deletes records, never this row.
+CREATE TABLE account_heads (
+    account TEXT PRIMARY KEY,
+    head    {BIG} NOT NULL
+);
+
+-- One row per timeline record: the original envelope (as received) and its retention deadline
+-- (accepted_at + the message_retention in force at acceptance, fixed then).
+CREATE TABLE timeline_records (
+    account        TEXT NOT NULL,
+    sequence       {BIG} NOT NULL,
+    accepted_at    {BIG} NOT NULL,
+    expires_at     {BIG} NOT NULL,
+    from_device_id TEXT NOT NULL,
+    envelope       TEXT NOT NULL,
+    PRIMARY KEY (account, sequence)
+);
+CREATE INDEX timeline_records_by_expiry ON timeline_records (expires_at);
+
+-- Device visibility, fixed at acceptance: one row per (record, device valid then), with that
+-- device's key box. The primary key orders a device's records by sequence (the sync scan).
+CREATE TABLE timeline_visibility (
+    account    TEXT NOT NULL,
+    device_id  TEXT NOT NULL,
+    sequence   {BIG} NOT NULL,
+    expires_at {BIG} NOT NULL,
+    key_box    TEXT NOT NULL,
+    PRIMARY KEY (account, device_id, sequence)
+);
+-- The retention-gap probe for records expired but not yet cleaned up.
+CREATE INDEX timeline_visibility_expired ON timeline_visibility (account, device_id, expires_at, sequence);
+-- The cleanup scan.
+CREATE INDEX timeline_visibility_by_expiry ON timeline_visibility (expires_at);
+
+-- What cleanup leaves behind of expired visible records: per device, the highest sequence
+-- that was visible to it and has expired. A sync after position p has a retention gap
+-- exactly when expired_through > p (or an expired row is still waiting for cleanup).
+CREATE TABLE retention_gaps (
+    account         TEXT NOT NULL,
+    device_id       TEXT NOT NULL,
+    expired_through {BIG} NOT NULL,
+    PRIMARY KEY (account, device_id)
+);
+
+-- message.send results for idempotent retries, keyed on (from, message_id); digest is the
+-- SHA-256 of the Canonical JSON of the complete request parameters.
+CREATE TABLE sends (
+    from_account TEXT NOT NULL,
+    message_id   TEXT NOT NULL,
+    digest       TEXT NOT NULL,
+    status       TEXT NOT NULL,
+    error        TEXT,
+    accepted_at  {BIG} NOT NULL,
+    expires_at   {BIG} NOT NULL,
+    PRIMARY KEY (from_account, message_id)
+);
+CREATE INDEX sends_by_expiry ON sends (expires_at);
+"""
+
+MIGRATIONS = [
+    Migration(
+        version=1,
+        name="timelines, device state, sessions, sends",
+        sqlite=_V1.replace("{BIG}", "INTEGER"),
+        postgres=_V1.replace("{BIG}", "BIGINT"),
+    ),
+]

@@ -1,0 +1,646 @@
+"""The account message timelines, device state and sessions of one relay, on a storage Backend.
+
+Every rule of the timeline page (seeds/account-message-timeline.md) lives here, in
+SQL that runs the same on SQLite and PostgreSQL:
+
+- one sequence per record per account, from ``account_heads`` (the highest ever
+  assigned; cleanup never touches it, so restarts and cleanup cannot lower the head);
+- device visibility fixed at acceptance: a record gets one ``timeline_visibility``
+  row per key-box device valid at that instant, and nothing else ever adds one;
+- a delivery whose target devices are all unavailable raises before anything is written;
+- each record's deadline is ``accepted_at`` plus the retention in force then, stored with
+  the record, so later configuration cannot shorten it;
+- ``retention_gaps`` keeps, per device, the highest expired sequence that was visible to
+  it, so the gap answer stays exact after cleanup deletes the content.
+
+The store knows nothing of cryptography: callers pass objects already verified.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gapline.relay._errors import RelayFailure
+from gapline.relay._schema import MIGRATIONS, SCHEMA
+from gapline.storage import Backend, Dialect, IntegrityError, Tx
+
+__all__ = [
+    "DEVICE_STATE_CHANNEL",
+    "TIMELINE_CHANNEL",
+    "AcceptedSend",
+    "CleanupReport",
+    "DeliveryResult",
+    "DeviceEntry",
+    "KeyBox",
+    "NewSend",
+    "NewState",
+    "Session",
+    "SyncItem",
+    "SyncPage",
+    "TimelineStore",
+]
+
+# Notification channels (Tx.notify): payload "<account> <number>".
+TIMELINE_CHANNEL = "meshline_timeline"
+DEVICE_STATE_CHANNEL = "meshline_device_state"
+
+_CLEANUP_BATCH = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class KeyBox:
+    device_id: str
+    json: str  # the MessageKeyBox as received (re-serialised compactly)
+
+
+@dataclass(frozen=True, slots=True)
+class NewSend:
+    """A verified ``message.send`` request, ready to accept."""
+
+    from_account: str
+    to_account: str
+    from_device_id: str
+    message_id: str
+    digest: str  # sha256 of the canonical JSON of the complete params
+    envelope: str
+    recipient_boxes: tuple[KeyBox, ...]
+    sender_boxes: tuple[KeyBox, ...] | None
+    retention: int
+    now: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryResult:
+    status: str
+    accepted_at: int
+    error: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status, "accepted_at": self.accepted_at}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptedSend:
+    result: DeliveryResult
+    duplicate: bool
+    appended: tuple[tuple[str, int], ...]  # (account, sequence) per timeline record written
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceEntry:
+    device_id: str
+    not_before: int
+    expires_at: int
+    certificate: str  # canonical JSON of the DeviceCertificate
+
+
+@dataclass(frozen=True, slots=True)
+class NewState:
+    """A verified ``AccountDeviceState``."""
+
+    account: str
+    revision: int
+    canonical: str
+    devices: tuple[DeviceEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    account: str
+    mode: str  # "device" | "account"
+    device_id: str | None
+    origin: str
+    expires_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class SyncItem:
+    sequence: int
+    envelope: str
+    key_box: str
+    accepted_at: int
+    from_device_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPage:
+    items: tuple[SyncItem, ...]
+    certificates: tuple[str, ...]
+    has_more: bool
+    has_retention_gap: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupReport:
+    records: int
+    visibility_rows: int
+    sends: int
+
+    @property
+    def total(self) -> int:
+        return self.records + self.visibility_rows + self.sends
+
+
+def _greatest(tx: Tx) -> str:
+    return "GREATEST" if tx.dialect is Dialect.POSTGRES else "MAX"
+
+
+def _next_sequence(tx: Tx, account: str) -> int:
+    # Sequence assignment. One row per account holds the highest sequence ever assigned.
+    # The upsert increments it and returns the new value inside the transaction that also
+    # inserts the record. On PostgreSQL the UPDATE takes the row lock on account_heads and
+    # holds it until commit, so concurrent senders to one account (from any relay process)
+    # are serialised: each sees the previous committed head, values are strictly increasing,
+    # and commit order equals sequence order, so a reader paging by `sequence > after` can
+    # never pass a sequence that commits later. A rolled-back send releases its number
+    # unused (the spec allows gaps). SQLite has one writer, so the same statement suffices.
+    row = tx.one(
+        "INSERT INTO account_heads (account, head) VALUES (?, 0) "
+        "ON CONFLICT (account) DO UPDATE SET head = account_heads.head + 1 "
+        "RETURNING head",
+        (account,),
+    )
+    assert row is not None
+    return int(row[0])
+
+
+def _valid_devices(tx: Tx, account: str, now: int) -> set[str]:
+    # Covered by the primary key of account_devices (account, device_id); at most 8 rows.
+    rows = tx.all(
+        "SELECT device_id FROM account_devices "
+        "WHERE account = ? AND not_before <= ? AND expires_at > ? LIMIT 64",
+        (account, now, now),
+    )
+    return {r[0] for r in rows}
+
+
+def _append(tx: Tx, account: str, send: NewSend, boxes: Sequence[KeyBox], visible: set[str]) -> int:
+    expires_at = send.now + send.retention
+    rows = [(b.device_id, b.json) for b in boxes if b.device_id in visible]
+    if tx.dialect is Dialect.POSTGRES:
+        return _append_postgres(tx, account, send, rows, expires_at)
+    seq = _next_sequence(tx, account)
+    tx.execute(
+        "INSERT INTO timeline_records (account, sequence, accepted_at, expires_at, "
+        "from_device_id, envelope) VALUES (?, ?, ?, ?, ?, ?)",
+        (account, seq, send.now, expires_at, send.from_device_id, send.envelope),
+    )
+    tx.executemany(
+        "INSERT INTO timeline_visibility (account, device_id, sequence, expires_at, key_box) "
+        "VALUES (?, ?, ?, ?, ?)",
+        [(account, device_id, seq, expires_at, box) for device_id, box in rows],
+    )
+    tx.notify(TIMELINE_CHANNEL, f"{account} {seq}")
+    return seq
+
+
+def _append_postgres(
+    tx: Tx, account: str, send: NewSend, rows: Sequence[tuple[str, str]], expires_at: int
+) -> int:
+    # The same four steps as the SQLite path (head upsert, record, visibility rows, notify)
+    # in ONE statement: round trips dominate a PostgreSQL write. Data-modifying CTEs all run
+    # whatever the outer query reads. The head upsert is the row lock described in
+    # _next_sequence, held to COMMIT. pg_notify is exactly what Tx.notify sends (same
+    # channel text), and like it is delivered at COMMIT and dropped on rollback.
+    values = ", ".join(["(?, ?)"] * len(rows))
+    row = tx.one(
+        "WITH h AS ("
+        " INSERT INTO account_heads (account, head) VALUES (?, 0)"
+        " ON CONFLICT (account) DO UPDATE SET head = account_heads.head + 1 RETURNING head"
+        "), r AS ("
+        " INSERT INTO timeline_records"
+        " (account, sequence, accepted_at, expires_at, from_device_id, envelope)"
+        " SELECT ?, h.head, ?, ?, ?, ? FROM h"
+        "), v AS ("
+        " INSERT INTO timeline_visibility (account, device_id, sequence, expires_at, key_box)"
+        f" SELECT ?, d.device_id, h.head, ?, d.key_box FROM h, (VALUES {values})"
+        " AS d(device_id, key_box)"
+        ") SELECT h.head, pg_notify(?, ?::text || ' ' || h.head::text) FROM h",
+        (
+            account,
+            account,
+            send.now,
+            expires_at,
+            send.from_device_id,
+            send.envelope,
+            account,
+            expires_at,
+            *(x for pair in rows for x in pair),
+            TIMELINE_CHANNEL,
+            account,
+        ),
+    )
+    assert row is not None
+    return int(row[0])
+
+
+def _accept_send(tx: Tx, send: NewSend) -> AcceptedSend:
+    self_delivery = send.from_account == send.to_account
+    expires_at = send.now + send.retention
+    status = "target_accepted"
+    # Idempotency: the (from, message_id) key is claimed first. On PostgreSQL a concurrent
+    # transaction holding the same key makes this INSERT wait for its outcome, so exactly one
+    # request is accepted and the other reads its committed result below.
+    accounts = (
+        (send.to_account,)
+        if self_delivery or send.sender_boxes is None
+        else (
+            send.to_account,
+            send.from_account,
+        )
+    )
+    claim = (
+        send.from_account,
+        send.message_id,
+        send.digest,
+        status,
+        send.now,
+        expires_at,
+    )
+    marks = ", ".join("?" * len(accounts))
+    # The device read is index-covered by account_devices' primary key (account, device_id).
+    devices_sql = (
+        f"SELECT account, device_id FROM account_devices WHERE account IN ({marks})"
+        " AND not_before <= ? AND expires_at > ? LIMIT 64"
+    )
+    insert_sql = (
+        "INSERT INTO sends (from_account, message_id, digest, status, error, accepted_at,"
+        " expires_at) VALUES (?, ?, ?, ?, NULL, ?, ?)"
+        " ON CONFLICT (from_account, message_id) DO NOTHING"
+    )
+    if tx.dialect is Dialect.POSTGRES:
+        # One round trip: claim the key and read which devices are valid now (at acceptance).
+        rows = tx.all(
+            f"WITH c AS ({insert_sql} RETURNING 1) SELECT '', '' FROM c UNION ALL ({devices_sql})",
+            (*claim, *accounts, send.now, send.now),
+        )
+    else:
+        rows = [("", "")] if tx.execute(insert_sql, claim) == 1 else []
+        rows += tx.all(devices_sql, (*accounts, send.now, send.now))
+    claimed = any(r[0] == "" for r in rows)
+    if not claimed:
+        row = tx.one(
+            "SELECT digest, status, error, accepted_at FROM sends "
+            "WHERE from_account = ? AND message_id = ?",
+            (send.from_account, send.message_id),
+        )
+        assert row is not None
+        if row[0] != send.digest:
+            raise RelayFailure(
+                "state_conflict",
+                "this (from, message_id) was accepted with different request content",
+            )
+        error = json.loads(row[2]) if row[2] else None
+        return AcceptedSend(DeliveryResult(row[1], int(row[3]), error), True, ())
+    valid: dict[str, set[str]] = {a: set() for a in accounts}
+    for account, device_id in rows:
+        if account:
+            valid[account].add(device_id)
+
+    recipient_visible = valid[send.to_account] & {b.device_id for b in send.recipient_boxes}
+    if not recipient_visible:
+        raise RelayFailure("device_unknown", "no recipient key-box device is currently valid")
+    sender_visible: set[str] = set()
+    if send.sender_boxes is not None and not self_delivery:
+        sender_visible = valid[send.from_account] & {b.device_id for b in send.sender_boxes}
+        if not sender_visible:
+            raise RelayFailure("device_unknown", "no sender key-box device is currently valid")
+
+    # Lock order: both heads are taken in account order, so two opposite sends between the
+    # same accounts (A->B and B->A, both with sender boxes) cannot deadlock on PostgreSQL.
+    plan: list[tuple[str, Sequence[KeyBox], set[str]]] = [
+        (send.to_account, send.recipient_boxes, recipient_visible)
+    ]
+    if sender_visible and send.sender_boxes is not None:
+        plan.append((send.from_account, send.sender_boxes, sender_visible))
+    plan.sort(key=lambda p: p[0])
+    appended = tuple((acct, _append(tx, acct, send, boxes, vis)) for acct, boxes, vis in plan)
+    return AcceptedSend(DeliveryResult(status, send.now), False, appended)
+
+
+class TimelineStore:
+    """The relay's durable state. Methods are awaitable; each is one backend operation."""
+
+    def __init__(self, backend: Backend, clock: Callable[[], int]) -> None:
+        self.backend = backend
+        self.clock = clock
+
+    async def migrate(self) -> None:
+        await self.backend.migrate(SCHEMA, MIGRATIONS)
+
+    # -- relay key ---------------------------------------------------------------------
+
+    async def meta_get_or_set(self, name: str, value: str) -> str:
+        """The stored value of ``name``, storing ``value`` first if there is none (race-safe)."""
+
+        def op(tx: Tx) -> str:
+            tx.execute(
+                "INSERT INTO relay_meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+                (name, value),
+            )
+            row = tx.one("SELECT value FROM relay_meta WHERE name = ?", (name,))
+            assert row is not None
+            return str(row[0])
+
+        return await self.backend.write(op)
+
+    # -- device state ------------------------------------------------------------------
+
+    async def publish_state(self, state: NewState) -> bool:
+        """Accept ``state`` as authoritative. True when it is new (not an identical repeat).
+
+        Raises ``stale_state`` for a lower revision and ``state_conflict`` for an equal
+        revision with different canonical content. Device sessions of devices that left
+        the state are deleted in the same transaction.
+        """
+
+        def op(tx: Tx) -> bool:
+            cur = tx.one(
+                "SELECT revision, canonical FROM device_states WHERE account = ?"
+                + (" FOR UPDATE" if tx.dialect is Dialect.POSTGRES else ""),
+                (state.account,),
+            )
+            if cur is not None:
+                if state.revision < int(cur[0]):
+                    raise RelayFailure("stale_state", "a higher revision is already accepted")
+                if state.revision == int(cur[0]):
+                    if state.canonical == cur[1]:
+                        return False
+                    raise RelayFailure(
+                        "state_conflict", "this revision was accepted with different content"
+                    )
+                tx.execute(
+                    "UPDATE device_states SET revision = ?, canonical = ? WHERE account = ?",
+                    (state.revision, state.canonical, state.account),
+                )
+            else:
+                tx.execute(
+                    "INSERT INTO device_states (account, revision, canonical) VALUES (?, ?, ?)",
+                    (state.account, state.revision, state.canonical),
+                )
+            tx.execute("DELETE FROM account_devices WHERE account = ?", (state.account,))
+            tx.executemany(
+                "INSERT INTO account_devices (account, device_id, not_before, expires_at) "
+                "VALUES (?, ?, ?, ?)",
+                [(state.account, d.device_id, d.not_before, d.expires_at) for d in state.devices],
+            )
+            for d in state.devices:
+                tx.execute(
+                    "INSERT INTO device_certificates (device_id, account, certificate) "
+                    "VALUES (?, ?, ?) ON CONFLICT (device_id) DO UPDATE SET "
+                    "certificate = excluded.certificate, account = excluded.account",
+                    (d.device_id, state.account, d.certificate),
+                )
+            keep = [d.device_id for d in state.devices]
+            marks = ",".join("?" * len(keep))
+            tx.execute(
+                "DELETE FROM sessions WHERE account = ? AND mode = 'device'"
+                + (f" AND device_id NOT IN ({marks})" if keep else ""),
+                (state.account, *keep),
+            )
+            tx.notify(DEVICE_STATE_CHANNEL, f"{state.account} {state.revision}")
+            return True
+
+        try:
+            return await self.backend.write(op)
+        except IntegrityError as exc:  # a concurrent first publish for the same account
+            raise RelayFailure("state_conflict", "concurrent device state publish") from exc
+
+    async def resolve_state(self, account: str) -> str | None:
+        def op(tx: Tx) -> str | None:
+            row = tx.one("SELECT canonical FROM device_states WHERE account = ?", (account,))
+            return None if row is None else str(row[0])
+
+        return await self.backend.read(op)
+
+    async def device_window(self, account: str, device_id: str) -> tuple[int, int] | None:
+        """(not_before, expires_at) of ``device_id`` in ``account``'s current state, if present."""
+
+        def op(tx: Tx) -> tuple[int, int] | None:
+            row = tx.one(
+                "SELECT not_before, expires_at FROM account_devices "
+                "WHERE account = ? AND device_id = ?",
+                (account, device_id),
+            )
+            return None if row is None else (int(row[0]), int(row[1]))
+
+        return await self.backend.read(op)
+
+    async def certificate(self, device_id: str) -> str | None:
+        def op(tx: Tx) -> str | None:
+            row = tx.one(
+                "SELECT certificate FROM device_certificates WHERE device_id = ?", (device_id,)
+            )
+            return None if row is None else str(row[0])
+
+        return await self.backend.read(op)
+
+    async def latest_certificate_expiry(self, account: str) -> int | None:
+        def op(tx: Tx) -> int | None:
+            row = tx.one(
+                "SELECT MAX(expires_at) FROM account_devices WHERE account = ?", (account,)
+            )
+            return None if row is None or row[0] is None else int(row[0])
+
+        return await self.backend.read(op)
+
+    # -- challenges and sessions -------------------------------------------------------
+
+    async def add_challenge(self, nonce: str, account: str, expires_at: int) -> None:
+        def op(tx: Tx) -> None:
+            tx.execute(
+                "INSERT INTO auth_challenges (nonce, account, expires_at) VALUES (?, ?, ?)",
+                (nonce, account, expires_at),
+            )
+
+        await self.backend.write(op)
+
+    async def consume_challenge(self, nonce: str) -> tuple[str, int] | None:
+        """(account, expires_at) of ``nonce``, deleting it: a nonce is consumed on first use."""
+
+        def op(tx: Tx) -> tuple[str, int] | None:
+            row = tx.one(
+                "DELETE FROM auth_challenges WHERE nonce = ? RETURNING account, expires_at",
+                (nonce,),
+            )
+            return None if row is None else (str(row[0]), int(row[1]))
+
+        return await self.backend.write(op)
+
+    async def add_session(self, token_hash: str, session: Session) -> None:
+        def op(tx: Tx) -> None:
+            tx.execute(
+                "INSERT INTO sessions (token_hash, account, mode, device_id, origin, expires_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    token_hash,
+                    session.account,
+                    session.mode,
+                    session.device_id,
+                    session.origin,
+                    session.expires_at,
+                ),
+            )
+
+        await self.backend.write(op)
+
+    async def get_session(self, token_hash: str) -> Session | None:
+        def op(tx: Tx) -> Session | None:
+            row = tx.one(
+                "SELECT account, mode, device_id, origin, expires_at FROM sessions "
+                "WHERE token_hash = ?",
+                (token_hash,),
+            )
+            if row is None:
+                return None
+            return Session(str(row[0]), str(row[1]), row[2], str(row[3]), int(row[4]))
+
+        return await self.backend.read(op)
+
+    # -- messages ----------------------------------------------------------------------
+
+    async def accept_send(self, send: NewSend) -> AcceptedSend:
+        try:
+            return await self.backend.write(lambda tx: _accept_send(tx, send))
+        except IntegrityError:
+            # A concurrent identical key won the race between our claim and its commit on a
+            # backend that reports it as a constraint error: read the winner's result.
+            return await self.backend.write(lambda tx: _accept_send(tx, send))
+
+    async def delivery_status(self, from_account: str, message_id: str, now: int) -> DeliveryResult:
+        def op(tx: Tx) -> DeliveryResult:
+            # Primary-key lookup on sends.
+            row = tx.one(
+                "SELECT status, error, accepted_at, expires_at FROM sends "
+                "WHERE from_account = ? AND message_id = ?",
+                (from_account, message_id),
+            )
+            if row is None:
+                raise RelayFailure("not_found", "no message.send result for this message_id")
+            if int(row[3]) <= now:
+                raise RelayFailure("message_expired", "the result retention period has ended")
+            return DeliveryResult(str(row[0]), int(row[2]), json.loads(row[1]) if row[1] else None)
+
+        return await self.backend.read(op)
+
+    async def head(self, account: str) -> int:
+        def op(tx: Tx) -> int:
+            row = tx.one("SELECT head FROM account_heads WHERE account = ?", (account,))
+            return -1 if row is None else int(row[0])
+
+        return await self.backend.read(op)
+
+    async def sync(
+        self, account: str, device_id: str, after: int, limit: int, now: int
+    ) -> SyncPage:
+        def op(tx: Tx) -> SyncPage:
+            row = tx.one("SELECT head FROM account_heads WHERE account = ?", (account,))
+            head = -1 if row is None else int(row[0])
+            if after < -1 or after > head:
+                raise RelayFailure("bad_request", f"after must be within -1..{head} (the head)")
+            # The page: a range scan of timeline_visibility's primary key
+            # (account, device_id, sequence), joined to timeline_records by its primary key.
+            # Expired rows still waiting for cleanup are filtered, never counted.
+            rows = tx.all(
+                "SELECT v.sequence, r.envelope, v.key_box, r.accepted_at, r.from_device_id "
+                "FROM timeline_visibility v JOIN timeline_records r "
+                "ON r.account = v.account AND r.sequence = v.sequence "
+                "WHERE v.account = ? AND v.device_id = ? AND v.sequence > ? AND v.expires_at > ? "
+                "ORDER BY v.sequence LIMIT ?",
+                (account, device_id, after, now, limit + 1),
+            )
+            has_more = len(rows) > limit
+            items = tuple(
+                SyncItem(int(r[0]), str(r[1]), str(r[2]), int(r[3]), str(r[4]))
+                for r in rows[:limit]
+            )
+            gap = _has_retention_gap(tx, account, device_id, after, now)
+            senders = sorted({i.from_device_id for i in items})
+            certs: tuple[str, ...] = ()
+            if senders:
+                marks = ",".join("?" * len(senders))
+                certs = tuple(
+                    str(r[0])
+                    for r in tx.all(
+                        f"SELECT certificate FROM device_certificates WHERE device_id IN ({marks})",
+                        senders,
+                    )
+                )
+            return SyncPage(items, certs, has_more, gap)
+
+        return await self.backend.read(op)
+
+    # -- retention ---------------------------------------------------------------------
+
+    async def cleanup(self, now: int) -> CleanupReport:
+        """Remove expired content in bounded batches; never touches ``account_heads``."""
+        total = CleanupReport(0, 0, 0)
+        while True:
+            report = await self.backend.write(lambda tx: _cleanup_batch(tx, now))
+            total = CleanupReport(
+                total.records + report.records,
+                total.visibility_rows + report.visibility_rows,
+                total.sends + report.sends,
+            )
+            if report.total == 0:
+                return total
+
+
+def _has_retention_gap(tx: Tx, account: str, device_id: str, after: int, now: int) -> bool:
+    # Cleaned-up part: a primary-key lookup.
+    row = tx.one(
+        "SELECT expired_through FROM retention_gaps WHERE account = ? AND device_id = ?",
+        (account, device_id),
+    )
+    if row is not None and int(row[0]) > after:
+        return True
+    # Expired but not yet cleaned up: the (account, device_id, expires_at, sequence) index
+    # touches only rows already past their deadline.
+    row = tx.one(
+        "SELECT 1 FROM timeline_visibility "
+        "WHERE account = ? AND device_id = ? AND expires_at <= ? AND sequence > ? LIMIT 1",
+        (account, device_id, now, after),
+    )
+    return row is not None
+
+
+def _cleanup_batch(tx: Tx, now: int) -> CleanupReport:
+    rows = tx.all(
+        "SELECT account, device_id, sequence FROM timeline_visibility "
+        "WHERE expires_at <= ? LIMIT ?",
+        (now, _CLEANUP_BATCH),
+    )
+    marks: dict[tuple[str, str], int] = {}
+    for account, device_id, seq in rows:
+        key = (str(account), str(device_id))
+        marks[key] = max(marks.get(key, -1), int(seq))
+    greatest = _greatest(tx)
+    tx.executemany(
+        "INSERT INTO retention_gaps (account, device_id, expired_through) VALUES (?, ?, ?) "
+        "ON CONFLICT (account, device_id) DO UPDATE SET expired_through = "
+        f"{greatest}(retention_gaps.expired_through, excluded.expired_through)",
+        [(a, d, s) for (a, d), s in marks.items()],
+    )
+    tx.executemany(
+        "DELETE FROM timeline_visibility WHERE account = ? AND device_id = ? AND sequence = ?",
+        [(r[0], r[1], r[2]) for r in rows],
+    )
+    records = tx.execute(
+        "DELETE FROM timeline_records WHERE (account, sequence) IN ("
+        "SELECT account, sequence FROM timeline_records WHERE expires_at <= ? LIMIT ?)",
+        (now, _CLEANUP_BATCH),
+    )
+    sends = tx.execute(
+        "DELETE FROM sends WHERE (from_account, message_id) IN ("
+        "SELECT from_account, message_id FROM sends WHERE expires_at <= ? LIMIT ?)",
+        (now, _CLEANUP_BATCH),
+    )
+    tx.execute("DELETE FROM auth_challenges WHERE expires_at <= ?", (now,))
+    tx.execute("DELETE FROM sessions WHERE expires_at <= ?", (now,))
+    return CleanupReport(max(records, 0), len(rows), max(sends, 0))

@@ -1,0 +1,267 @@
+"""The WebSocket transport: JSON-RPC 2.0, one object per text frame, no batches.
+
+Frames over the size limit are closed 1009 (by aiohttp's reader, configured with
+``max_msg_size``); binary frames are closed 1003. Requests on one connection run
+concurrently (at most ``ws_inflight`` at once) and answer out of order.
+
+Back-pressure: every outbound message goes through a bounded queue drained by one
+writer task. A response waits for room, which holds its request slot, which stops the
+reader once ``ws_inflight`` slots are held, so a client that does not read its socket
+stops being read. Notifications never wait: they are hints, so each kind is coalesced
+to the newest value in one slot per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from gapline.meshline._canonical import MAX_SAFE_INTEGER, parse_json
+from gapline.meshline._errors import MeshlineError
+from gapline.relay._errors import (
+    JSONRPC_INVALID_PARAMS,
+    JSONRPC_INVALID_REQUEST,
+    JSONRPC_METHOD_NOT_FOUND,
+    JSONRPC_PARSE_ERROR,
+    RelayFailure,
+    jsonrpc_code,
+)
+from gapline.relay._methods import Call, SessionMode
+from gapline.relay._rpc import invoke
+from gapline.relay._timeline_store import Session
+
+if TYPE_CHECKING:
+    from gapline.relay._server import RelayServer
+
+__all__ = ["WsConnection", "ws_handler"]
+
+log = logging.getLogger("gapline.relay")
+
+_NOTIFY = object()
+_CLOSE = object()
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def _error(id_: Any, code: int, message: str, data: Any = None) -> str:
+    err: dict[str, Any] = {"code": code, "message": message}
+    if data:
+        err["data"] = data
+    return _dumps({"jsonrpc": "2.0", "id": id_, "error": err})
+
+
+def _valid_id(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) <= MAX_SAFE_INTEGER
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass")) <= 128
+    return False
+
+
+class WsConnection:
+    """One WebSocket client: its bound session, outbound queue and notification slots."""
+
+    def __init__(self, server: RelayServer, ws: web.WebSocketResponse, remote: str) -> None:
+        self.server = server
+        self.ws = ws
+        self.remote = remote
+        self.session: Session | None = None
+        self.token_hash: str | None = None
+        self.notify_enabled = False
+        self.outbound: asyncio.Queue[Any] = asyncio.Queue(maxsize=server.config.ws_queue)
+        self._pending: dict[str, dict[str, Any]] = {}
+        self._marker_queued = False
+        self._outstanding: set[Any] = set()
+
+    def bind(self, token_hash: str, session: Session) -> None:
+        self.token_hash = token_hash
+        self.session = session
+        self.server.track(self)
+
+    def unbind(self) -> None:
+        self.server.untrack(self)
+        self.session = None
+        self.token_hash = None
+        self.notify_enabled = False
+
+    def valid_session(self) -> Session | None:
+        session = self.session
+        if session is not None and session.expires_at <= self.server.config.clock():
+            self.unbind()
+            return None
+        return session
+
+    def notify(self, method: str, params: dict[str, Any]) -> None:
+        """Queue a notification hint, coalescing with one not yet sent."""
+        if method == "message.timeline.changed":
+            if not self.notify_enabled:
+                return
+            prev = self._pending.get(method)
+            if prev is not None and prev["head"] >= params["head"]:
+                return
+        elif method == "device.state.changed":
+            prev = self._pending.get(method)
+            if prev is not None and prev["revision"] >= params["revision"]:
+                return
+        self._pending[method] = params
+        if not self._marker_queued:
+            try:
+                self.outbound.put_nowait(_NOTIFY)
+                self._marker_queued = True
+            except asyncio.QueueFull:
+                pass  # the writer sends pending notifications after its next message
+
+    async def writer(self) -> None:
+        while True:
+            item = await self.outbound.get()
+            if item is _CLOSE:
+                return
+            if item is _NOTIFY:
+                self._marker_queued = False
+            else:
+                await self.ws.send_str(item)
+            if self._pending and not self._marker_queued:
+                pending, self._pending = self._pending, {}
+                for method, params in pending.items():
+                    await self.ws.send_str(
+                        _dumps({"jsonrpc": "2.0", "method": method, "params": params})
+                    )
+                    self.server.metrics.notifications.labels(method).inc()
+
+    async def answer(self, text: str) -> None:
+        await self.outbound.put(text)
+
+    async def handle_text(self, text: str) -> None:
+        """Parse one frame and answer it."""
+        try:
+            msg = parse_json(text)
+        except MeshlineError as exc:
+            await self.answer(_error(None, JSONRPC_PARSE_ERROR, f"parse error: {exc.message}"))
+            return
+        if not isinstance(msg, dict):
+            await self.answer(
+                _error(None, JSONRPC_INVALID_REQUEST, "a request is one JSON object; no batches")
+            )
+            return
+        raw_id = msg.get("id")
+        if "id" not in msg or not _valid_id(raw_id):
+            await self.answer(
+                _error(
+                    None,
+                    JSONRPC_INVALID_REQUEST,
+                    "id: a string of at most 128 bytes or a safe integer is required",
+                )
+            )
+            return
+        id_ = raw_id
+        if msg.get("jsonrpc") != "2.0" or not isinstance(msg.get("method"), str):
+            await self.answer(
+                _error(id_, JSONRPC_INVALID_REQUEST, 'jsonrpc must be "2.0" and method a string')
+            )
+            return
+        key = (type(id_).__name__, id_)
+        if key in self._outstanding:
+            await self.answer(
+                _error(id_, JSONRPC_INVALID_REQUEST, "id is already outstanding on this connection")
+            )
+            return
+        self._outstanding.add(key)
+        try:
+            await self._dispatch(id_, msg["method"], msg)
+        finally:
+            self._outstanding.discard(key)
+
+    async def _dispatch(self, id_: Any, name: str, msg: dict[str, Any]) -> None:
+        server = self.server
+        method = server.relay.methods.get(name)
+        if method is None:
+            await self.answer(_error(id_, JSONRPC_METHOD_NOT_FOUND, f"no method {name!r}"))
+            return
+        params = msg.get("params", {})
+        if not isinstance(params, dict):
+            await self.answer(_error(id_, JSONRPC_INVALID_PARAMS, "params must be an object"))
+            return
+        call = Call(connection=self)
+        try:
+            session = self.valid_session()
+            wait = server.limiter.take(self.token_hash or f"addr:{self.remote}")
+            if wait:
+                server.metrics.rate_limited.inc()
+                raise RelayFailure("rate_limited", "too many requests", {"retry_after": wait})
+            if method.session is not SessionMode.NONE:
+                if session is None or self.token_hash is None:
+                    raise RelayFailure("unauthorized", "authenticate this connection first")
+                # A session revoked elsewhere (device removed) is gone from the store.
+                if await server.session(self.token_hash) is None:
+                    self.unbind()
+                    raise RelayFailure("unauthorized", "session expired or revoked")
+                call.session = session
+            result = await invoke(method, call, params, server.metrics, "ws")
+        except RelayFailure as exc:
+            await self.answer(_error(id_, jsonrpc_code(exc.code), exc.message, exc.data))
+            return
+        await self.answer(_dumps({"jsonrpc": "2.0", "id": id_, "result": result}))
+        if name == "auth.device.verify":
+            # Timeline notifications start after the first successful device verification,
+            # and only after its response is queued.
+            self.notify_enabled = True
+
+
+def ws_handler(server: RelayServer):
+    config = server.config
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(max_msg_size=config.max_request_bytes, autoping=True)
+        await ws.prepare(request)
+        conn = WsConnection(server, ws, request.remote or "?")
+        server.metrics.ws_connections.inc()
+        server.connections.add(conn)
+        slots = asyncio.Semaphore(config.ws_inflight)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                writer = tg.create_task(conn.writer())
+
+                async def run(text: str) -> None:
+                    try:
+                        await conn.handle_text(text)
+                    finally:
+                        slots.release()
+
+                async for msg in ws:
+                    if msg.type is WSMsgType.TEXT:
+                        await slots.acquire()
+                        tg.create_task(run(msg.data))
+                    elif msg.type is WSMsgType.BINARY:
+                        await ws.close(
+                            code=WSCloseCode.UNSUPPORTED_DATA,
+                            message=b"binary frames are not accepted",
+                        )
+                        break
+                    else:
+                        break
+                # Let in-flight requests finish, then stop the writer.
+                for _ in range(config.ws_inflight):
+                    await slots.acquire()
+                await conn.outbound.put(_CLOSE)
+                await writer
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception:
+            log.debug("websocket connection ended with an error", exc_info=True)
+        finally:
+            conn.unbind()
+            server.connections.discard(conn)
+            server.metrics.ws_connections.dec()
+            if not ws.closed:
+                await ws.close()
+        return ws
+
+    return handle

@@ -1,0 +1,130 @@
+"""Run `gapline relay serve` as a subprocess on 127.0.0.1 (tests, benchmarks, demos).
+
+``RelayProcess.start(dsn, ...)`` launches the command, waits for the one JSON line it
+prints on stdout once listening, and ``stop()`` sends SIGTERM, which the relay answers
+with a graceful shutdown (in-flight writes finish, WebSockets close 1001).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any, Self
+
+__all__ = ["RelayProcess", "RelayStartError", "free_port"]
+
+
+class RelayStartError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RelayProcess:
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        info: dict[str, Any],
+        log_path: Path,
+        log_file: IO[bytes],
+    ) -> None:
+        self.proc = proc
+        self.info = info
+        self.log_path = log_path
+        self._log_file = log_file
+
+    @property
+    def url(self) -> str:
+        return str(self.info["url"])
+
+    @property
+    def ws_url(self) -> str:
+        return str(self.info["ws_url"])
+
+    @property
+    def relay_id(self) -> str:
+        return str(self.info["relay_id"])
+
+    @classmethod
+    def start(
+        cls,
+        dsn: str,
+        *,
+        retention: int = 86400,
+        port: int | None = None,
+        network_context: str | None = None,
+        extra_args: Sequence[str] = (),
+        timeout: float = 30.0,
+    ) -> Self:
+        port = free_port() if port is None else port
+        argv = [
+            sys.executable,
+            "-m",
+            "gapline.cli",
+            "relay",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--db",
+            dsn,
+            "--retention",
+            str(retention),
+        ]
+        if network_context is not None:
+            argv += ["--network-context", network_context]
+        argv += list(extra_args)
+        fd, name = tempfile.mkstemp(prefix="gapline-relay-", suffix=".log")
+        os.close(fd)
+        log_path = Path(name)
+        log_file = log_path.open("wb")
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_file)
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = b""
+        # The first stdout line is the listening announcement.
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if line or proc.poll() is not None:
+                break
+        if not line.startswith(b'{"listening"'):
+            proc.kill()
+            proc.wait()
+            log_file.close()
+            raise RelayStartError(
+                f"relay did not start (exit {proc.returncode}): {log_path.read_text(errors='replace')[-2000:]}"
+            )
+        return cls(proc, json.loads(line)["listening"], log_path, log_file)
+
+    def stop(self, grace: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_file.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return int(self.proc.returncode)
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,516 @@
+"""The PostgreSQL backend: same contract as SQLite, for several processes on one database.
+
+Driver: psycopg 3 *sync* connections, each owned by one thread (see
+docs/storage.md for the measurement behind the choice). An operation is a
+synchronous ``op(tx)``; with a sync connection its statements are plain calls
+on the DB thread, exactly as on SQLite, so both backends share the writer
+loop in ``_writer.py`` (one writer connection, group commit with a SAVEPOINT
+per operation, futures resolved after COMMIT returns).
+
+``?`` placeholders are rewritten to ``%s`` once per SQL string (cached), outside
+string literals, quoted identifiers and comments; a literal ``%`` is doubled.
+A statement without parameters is sent untouched (so a migration may hold
+several statements).
+
+``tx.notify`` is ``pg_notify``: PostgreSQL delivers it at COMMIT to every
+listening session, in this process or another, and drops it with a rolled-back
+savepoint. ``subscribe`` listens on one dedicated connection, owned by a
+thread that waits on its socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import select
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, LiteralString, TypeVar, cast
+
+import psycopg
+from psycopg import sql as pgsql
+
+from gapline.storage._backend import Dialect, Migration
+from gapline.storage._errors import (
+    BackendClosed,
+    BackendUnavailable,
+    CorruptStore,
+    IntegrityError,
+    OperationalError,
+    StorageError,
+)
+from gapline.storage._migrations import apply_migrations
+from gapline.storage._notify import NotificationHub
+from gapline.storage._writer import GroupCommitWriter, ReaderPool
+
+__all__ = ["PostgresBackend", "map_postgres_error", "open_postgres", "rewrite_placeholders"]
+
+T = TypeVar("T")
+
+# SQLSTATE classes and codes that mean "the database is not reachable / usable right now".
+_UNAVAILABLE_CLASSES = ("08", "28", "3D", "53")  # connection, auth, no such database, resources
+_UNAVAILABLE_CODES = ("57P01", "57P02", "57P03")  # admin/crash shutdown, cannot connect now
+
+
+def map_postgres_error(exc: BaseException) -> BaseException:
+    """The one place psycopg errors become gapline storage errors."""
+    if not isinstance(exc, psycopg.Error):
+        return exc
+    state = exc.sqlstate or ""
+    message = str(exc).strip() or type(exc).__name__
+    mapped: StorageError
+    if isinstance(exc, psycopg.IntegrityError) or state.startswith("23"):
+        mapped = IntegrityError(message)
+    elif state.startswith("XX"):  # internal error, data_corrupted, index_corrupted
+        mapped = CorruptStore(f"PostgreSQL reports damage: {message}")
+    elif (
+        state[:2] in _UNAVAILABLE_CLASSES
+        or state in _UNAVAILABLE_CODES
+        or (not state and isinstance(exc, psycopg.OperationalError))
+    ):
+        mapped = BackendUnavailable(f"PostgreSQL is unavailable: {message}")
+    else:
+        mapped = OperationalError(message)
+    mapped.__cause__ = exc
+    return mapped
+
+
+@functools.lru_cache(maxsize=4096)
+def rewrite_placeholders(query: str) -> str:
+    """``?`` -> ``%s`` and ``%`` -> ``%%``, outside literals, quoted names and comments."""
+    out: list[str] = []
+    i, n = 0, len(query)
+    while i < n:
+        ch = query[i]
+        if ch == "'" or ch == '"':
+            end = i + 1
+            while end < n:
+                if query[end] == ch:
+                    if end + 1 < n and query[end + 1] == ch:  # doubled quote
+                        end += 2
+                        continue
+                    break
+                end += 1
+            out.append(query[i : end + 1].replace("%", "%%"))
+            i = end + 1
+        elif ch == "-" and query.startswith("--", i):
+            end = query.find("\n", i)
+            end = n if end < 0 else end
+            out.append(query[i:end].replace("%", "%%"))
+            i = end
+        elif ch == "/" and query.startswith("/*", i):
+            end = query.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            out.append(query[i:end].replace("%", "%%"))
+            i = end
+        elif ch == "?":
+            out.append("%s")
+            i += 1
+        elif ch == "%":
+            out.append("%%")
+            i += 1
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def _q(query: str) -> LiteralString:
+    # psycopg types queries as LiteralString against injection; gapline's SQL is
+    # written in code with ? placeholders, and values always travel as parameters.
+    return cast("LiteralString", query)
+
+
+class _PostgresTx:
+    __slots__ = ("_cur",)
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._cur = conn.cursor()
+
+    @property
+    def dialect(self) -> Dialect:
+        return Dialect.POSTGRES
+
+    def _run(self, query: str, params: Sequence[Any]) -> psycopg.Cursor[Any]:
+        cur = self._cur
+        try:
+            if params:
+                cur.execute(_q(rewrite_placeholders(query)), params)
+            else:
+                cur.execute(_q(query))
+        except psycopg.Error as exc:
+            raise map_postgres_error(exc) from exc
+        return cur
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self._run(sql, params).rowcount
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        try:
+            self._cur.executemany(_q(rewrite_placeholders(sql)), list(rows))
+        except psycopg.Error as exc:
+            raise map_postgres_error(exc) from exc
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        cur = self._run(sql, params)
+        try:
+            return cur.fetchone()
+        except psycopg.Error as exc:
+            raise map_postgres_error(exc) from exc
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        cur = self._run(sql, params)
+        try:
+            return cur.fetchall()
+        except psycopg.Error as exc:
+            raise map_postgres_error(exc) from exc
+
+    def notify(self, channel: str, payload: str) -> None:
+        # Delivered by the server at COMMIT; discarded if the savepoint rolls back.
+        try:
+            self._cur.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+        except psycopg.Error as exc:
+            raise map_postgres_error(exc) from exc
+
+    # The server drops notifications of rolled-back savepoints: nothing to track here.
+    def notes_mark(self) -> int:
+        return 0
+
+    def notes_truncate(self, mark: int) -> None:
+        return None
+
+    def take_notes(self) -> list[tuple[str, str]]:
+        return []
+
+
+def _connect(dsn: str, *, autocommit: bool, name: str) -> psycopg.Connection[Any]:
+    try:
+        # application_name shows each connection's role in pg_stat_activity.
+        return psycopg.connect(dsn, autocommit=autocommit, application_name=name)
+    except psycopg.Error as exc:
+        raise map_postgres_error(exc) from exc
+
+
+class _PostgresWriterSession:
+    """The writer connection in autocommit mode: BEGIN/COMMIT are issued explicitly.
+
+    Round trips dominate a PostgreSQL group, so a RELEASE is deferred and sent
+    with the next SAVEPOINT in one simple query (``RELEASE; SAVEPOINT``), and
+    COMMIT needs no RELEASE before it: each operation costs one round trip
+    beyond its own statements instead of two.
+    """
+
+    def __init__(self, dsn: str, conn: psycopg.Connection[Any]) -> None:
+        self._dsn = dsn
+        self._conn = conn
+        self.tx = _PostgresTx(conn)
+        self._deferred = ""
+
+    def _exec(self, statement: str) -> None:
+        deferred, self._deferred = self._deferred, ""
+        if deferred:
+            statement = f"{deferred}; {statement}"
+        self._conn.execute(_q(statement), prepare=False)
+
+    def begin(self, grouped: bool) -> None:
+        try:
+            self._exec("BEGIN")
+        except psycopg.OperationalError:
+            if not (self._conn.closed or self._conn.broken):
+                raise
+            # Lost while idle (server restart, idle timeout): nothing of the batch
+            # has run yet, so reconnecting and beginning again is safe.
+            self.ensure_open()
+            self._exec("BEGIN")
+
+    def savepoint(self) -> None:
+        self._exec("SAVEPOINT gapline_op")
+
+    def release(self) -> None:
+        self._deferred = "RELEASE SAVEPOINT gapline_op"
+
+    def rollback_to(self) -> None:
+        self._exec("ROLLBACK TO SAVEPOINT gapline_op")
+
+    def commit(self) -> None:
+        self._deferred = ""  # a pending RELEASE is implied by COMMIT
+        self._conn.execute("COMMIT", prepare=False)
+
+    def rollback(self) -> None:
+        self._deferred = ""
+        if not self._conn.closed and (
+            self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        ):
+            self._conn.execute("ROLLBACK", prepare=False)
+
+    def ensure_open(self) -> None:
+        if self._conn.closed or self._conn.broken:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = _connect(self._dsn, autocommit=True, name="gapline-writer")
+            self.tx = _PostgresTx(self._conn)
+
+    def map_error(self, exc: BaseException) -> BaseException:
+        return map_postgres_error(exc)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class _PostgresReaderSession:
+    """A REPEATABLE READ, READ ONLY transaction per read: one consistent snapshot."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._conn = self._open()
+
+    def _open(self) -> psycopg.Connection[Any]:
+        conn = _connect(self._dsn, autocommit=False, name="gapline-reader")
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        self._tx = _PostgresTx(conn)
+        return conn
+
+    def run(self, op: Callable[[Any], T]) -> T:
+        if self._conn.closed or self._conn.broken:
+            self._conn = self._open()
+        try:
+            return self._run_once(op)
+        except BackendUnavailable:
+            if not (self._conn.closed or self._conn.broken):
+                raise
+            # The connection was lost while idle in the pool. A read has no
+            # effect on the database, so running it again on a new one is safe.
+            self._conn = self._open()
+            return self._run_once(op)
+
+    def _run_once(self, op: Callable[[Any], T]) -> T:
+        try:
+            return op(self._tx)
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.rollback()
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class _Listener:
+    """One LISTEN connection on its own thread, feeding the in-process hub.
+
+    The thread waits on the connection's socket and a wake pipe, so a new
+    ``LISTEN`` is sent at once and a notification is read as soon as it lands.
+    If the connection is lost, the thread reconnects (with backoff) and listens
+    again on every channel; notifications sent while it was away are lost, as
+    with any LISTEN client, so subscribers treat a payload as a hint to re-read.
+    """
+
+    def __init__(self, dsn: str, hub: NotificationHub) -> None:
+        self._dsn = dsn
+        self._hub = hub
+        self._conn: psycopg.Connection[Any] | None = self._connect()
+        self._wake_r, self._wake_w = os.pipe()
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, threading.Event, list[BaseException]]] = []
+        self._channels: set[str] = set()
+        self._stop = False
+        self.reconnects = 0
+        self._thread = threading.Thread(target=self._run, name="gapline-pg-listener", daemon=True)
+        self._thread.start()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = _connect(self._dsn, autocommit=True, name="gapline-listener")
+        hub = self._hub
+        # Notifications that arrive while a LISTEN statement runs come this way.
+        conn.add_notify_handler(lambda n: hub.publish([(n.channel, n.payload)]))
+        return conn
+
+    def listen(self, channel: str, timeout: float = 10.0) -> None:
+        """Block until the server acknowledged ``LISTEN channel`` (a local round trip)."""
+        with self._lock:
+            if channel in self._channels:
+                return
+            done = threading.Event()
+            errors: list[BaseException] = []
+            self._pending.append((channel, done, errors))
+        os.write(self._wake_w, b"x")
+        if not done.wait(timeout):
+            raise BackendUnavailable(f"LISTEN {channel!r} was not acknowledged in {timeout} s")
+        if errors:
+            raise errors[0]
+
+    def _run(self) -> None:
+        backoff = 0.05
+        try:
+            while not self._stop:
+                try:
+                    if self._conn is None:
+                        self._conn = self._connect()
+                        with self._lock:
+                            channels = sorted(self._channels)
+                        for channel in channels:
+                            self._listen_now(self._conn, channel)
+                        self.reconnects += 1
+                    backoff = 0.05
+                    self._pump(self._conn)
+                except Exception as exc:  # noqa: BLE001 - connection lost: report, retry
+                    self._fail_pending(map_postgres_error(exc))
+                    if self._conn is not None:
+                        with contextlib.suppress(Exception):
+                            self._conn.close()
+                        self._conn = None
+                    select.select([self._wake_r], [], [], backoff)  # woken early by close()
+                    backoff = min(backoff * 2, 2.0)
+        finally:
+            self._fail_pending(BackendClosed("the backend is closed"))
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+
+    def _pump(self, conn: psycopg.Connection[Any]) -> None:
+        pgconn = conn.pgconn
+        sock = pgconn.socket
+        while not self._stop:
+            readable, _, _ = select.select([sock, self._wake_r], [], [])
+            if self._wake_r in readable:
+                os.read(self._wake_r, 4096)
+                self._serve_pending(conn)
+            if sock in readable and not self._stop:
+                pgconn.consume_input()  # raises when the server closed the connection
+                notes: list[tuple[str, str]] = []
+                while (n := pgconn.notifies()) is not None:
+                    notes.append((n.relname.decode(), n.extra.decode()))
+                if notes:
+                    self._hub.publish(notes)
+                if pgconn.status != psycopg.pq.ConnStatus.OK:
+                    raise psycopg.OperationalError("the LISTEN connection was closed")
+
+    @staticmethod
+    def _listen_now(conn: psycopg.Connection[Any], channel: str) -> None:
+        conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(channel)))
+
+    def _serve_pending(self, conn: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for i, (channel, done, errors) in enumerate(pending):
+            try:
+                self._listen_now(conn, channel)
+            except psycopg.Error as exc:
+                if conn.closed or conn.broken:
+                    with self._lock:  # served again once reconnected
+                        self._pending[:0] = pending[i:]
+                    raise
+                errors.append(map_postgres_error(exc))
+            else:
+                with self._lock:
+                    self._channels.add(channel)
+            done.set()
+
+    def _fail_pending(self, error: BaseException) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for _channel, done, errors in pending:
+            errors.append(error)
+            done.set()
+
+    def close(self) -> None:
+        self._stop = True
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+        self._thread.join(timeout=10)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class PostgresBackend:
+    """A :class:`gapline.storage.Backend` on a PostgreSQL database. Open with :func:`open_postgres`."""
+
+    def __init__(
+        self,
+        dsn: str,
+        writer_conn: psycopg.Connection[Any],
+        *,
+        group_commit: bool,
+        max_batch: int,
+        readers: int,
+    ) -> None:
+        self.dsn = dsn
+        self._hub = NotificationHub()
+        self._writer = GroupCommitWriter(
+            _PostgresWriterSession(dsn, writer_conn),
+            None,  # notifications come back through LISTEN, from every process alike
+            max_batch=max_batch,
+            group_commit=group_commit,
+            name="gapline-pg-writer",
+        )
+        self._readers = ReaderPool(
+            lambda: _PostgresReaderSession(dsn), readers, "gapline-pg-reader"
+        )
+        self._listener: _Listener | None = None
+        self._listener_lock = threading.Lock()
+        self._closed = False
+        self._closing: asyncio.Future[None] | None = None
+
+    @property
+    def dialect(self) -> Dialect:
+        return Dialect.POSTGRES
+
+    async def write(self, op: Callable[[Any], T]) -> T:
+        if self._closed:
+            raise BackendClosed("the backend is closed")
+        return await self._writer.write(op)
+
+    async def read(self, op: Callable[[Any], T]) -> T:
+        if self._closed:
+            raise BackendClosed("the backend is closed")
+        return await self._readers.read(op)
+
+    async def migrate(self, schema: str, migrations: Sequence[Migration]) -> None:
+        await self.write(lambda tx: apply_migrations(tx, schema, migrations))
+
+    def subscribe(self, channel: str) -> AsyncIterator[str]:
+        """Payloads NOTIFY'd on ``channel`` by any process after this call returns.
+
+        The first subscription to a channel waits for the server to acknowledge
+        ``LISTEN`` (one local round trip), so nothing committed after the call
+        can be missed; this is why it briefly blocks.
+        """
+        if self._closed:
+            raise BackendClosed("the backend is closed")
+        sub = self._hub.subscribe(channel)
+        with self._listener_lock:
+            if self._listener is None:
+                self._listener = _Listener(self.dsn, self._hub)
+            listener = self._listener
+        listener.listen(channel)
+        return sub
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)  # a second caller waits for the same close
+
+    async def _close(self) -> None:
+        await self._writer.close()
+        await self._readers.close()
+        if self._listener is not None:
+            await asyncio.to_thread(self._listener.close)
+        self._hub.close()
+
+
+async def open_postgres(
+    dsn: str,
+    *,
+    group_commit: bool = True,
+    max_batch: int = 64,
+    readers: int = 4,
+) -> PostgresBackend:
+    """Connect to the PostgreSQL database at ``dsn`` (a ``postgresql://`` URL)."""
+    conn = await asyncio.to_thread(_connect, dsn, autocommit=True, name="gapline-writer")
+    return PostgresBackend(
+        dsn, conn, group_commit=group_commit, max_batch=max_batch, readers=readers
+    )

@@ -1,0 +1,298 @@
+"""The write path shared by both backends: one writer thread, group commit.
+
+Why a thread that owns the connection, fed by a ``queue.SimpleQueue``: an
+operation is synchronous driver work, so it must run off the event loop; a
+single writer serialises writes without any lock in the database, and a
+thread that blocks on a C-level queue costs one call per enqueued write and no
+executor hop per batch. While the writer is busy committing (fsync), new writes
+pile up in the queue; the next turn drains up to ``max_batch`` of them into one
+transaction. Each operation runs inside its own SAVEPOINT, so one that raises
+is rolled back alone. Every caller's future is resolved only after the COMMIT
+holding its write has returned, with one ``call_soon_threadsafe`` per batch.
+
+Every ``except BaseException`` in the loop is deliberate: whatever an
+operation or the driver raises is handed to the waiting caller, and the writer
+thread itself must survive it.
+
+The driver-specific part is a :class:`WriterSession` (begin / savepoint /
+commit statements and the error mapper); the loop here knows no driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
+
+from gapline.storage._errors import BackendClosed, OperationalError, StorageError
+from gapline.storage._notify import NotificationHub
+
+__all__ = ["GroupCommitWriter", "ReaderPool", "ReaderSession", "WriterSession"]
+
+T = TypeVar("T")
+
+# (op, future, loop): a write waiting in the queue.
+_Item = tuple[Callable[[Any], Any], "asyncio.Future[Any]", asyncio.AbstractEventLoop]
+# (future, ok, value-or-exception): the outcome of one write, resolved on its loop.
+_Outcome = tuple["asyncio.Future[Any]", bool, Any]
+
+
+class WriterSession(Protocol):
+    """One writer connection and its transaction statements."""
+
+    tx: Any  # the Tx handed to operations; exposes notes_mark/notes_truncate/take_notes
+
+    def begin(self, grouped: bool) -> None:
+        """Open the transaction; ``grouped``: savepoints follow (a session may defer it)."""
+        ...
+
+    def savepoint(self) -> None: ...
+    def release(self) -> None: ...
+    def rollback_to(self) -> None: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None: ...
+    def ensure_open(self) -> None:
+        """Reconnect if the connection was lost (no-op for SQLite)."""
+        ...
+
+    def map_error(self, exc: BaseException) -> BaseException: ...
+    def close(self) -> None: ...
+
+
+class ReaderSession(Protocol):
+    def run(self, op: Callable[[Any], T]) -> T: ...
+    def close(self) -> None: ...
+
+
+def _resolve(outcomes: list[_Outcome]) -> None:
+    for fut, ok, value in outcomes:
+        if fut.done():  # the caller was cancelled while its op ran: it stopped waiting
+            continue
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+
+class GroupCommitWriter:
+    """Runs write operations on one thread, ``max_batch`` per transaction."""
+
+    def __init__(
+        self,
+        session: WriterSession,
+        hub: NotificationHub | None,
+        *,
+        max_batch: int,
+        group_commit: bool,
+        name: str,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        self._session = session
+        self._hub = hub
+        self._max_batch = max_batch if group_commit else 1
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._closing = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    async def write(self, op: Callable[[Any], T]) -> T:
+        if self._closing:
+            raise BackendClosed("the backend is closed")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._queue.put((op, fut, loop))
+        return await fut
+
+    async def close(self) -> None:
+        """Stop accepting writes; wait until every queued write has committed."""
+        if not self._closing:
+            self._closing = True
+            self._queue.put(None)
+        await asyncio.to_thread(self._done.wait)
+
+    # -- writer thread -------------------------------------------------------
+
+    def _run(self) -> None:
+        get, get_nowait, max_batch = self._queue.get, self._queue.get_nowait, self._max_batch
+        try:
+            while True:
+                first = get()
+                if first is None:
+                    break
+                batch = [first]
+                stop = False
+                while len(batch) < max_batch:
+                    try:
+                        item = get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        stop = True
+                        break
+                    batch.append(item)
+                try:
+                    self._run_batch(batch)
+                except BaseException as exc:  # noqa: BLE001 - a bug here must not hang callers
+                    self._fail_all(batch, OperationalError(f"the writer failed: {exc!r}"))
+                if stop:
+                    break
+        finally:
+            self._closing = True
+            with contextlib.suppress(Exception):
+                self._session.close()
+            # Anything still queued (only if the loop above died) is refused, not lost silently.
+            leftovers: list[_Item] = []
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    item = self._queue.get_nowait()
+                    if item is not None:
+                        leftovers.append(item)
+            if leftovers:
+                self._fail_all(leftovers, BackendClosed("the backend is closed"))
+            self._done.set()
+
+    def _run_batch(self, batch: list[_Item]) -> None:
+        # A caller cancelled before its batch started is skipped; from here on it runs.
+        live = [item for item in batch if not item[1].cancelled()]
+        if not live:
+            return
+        session = self._session
+        outcomes: list[_Outcome] = []
+        try:
+            session.ensure_open()
+            session.begin(len(live) > 1)
+        except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
+            self._fail_all(live, session.map_error(exc))
+            return
+        tx = session.tx
+        if len(live) == 1:
+            # Alone in its transaction: no savepoint needed, a failure rolls back everything.
+            op, fut, _loop = live[0]
+            try:
+                result = op(tx)
+            except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
+                with contextlib.suppress(BaseException):
+                    session.rollback()
+                tx.take_notes()
+                self._deliver([(fut, False, exc)], live)
+                return
+            outcomes.append((fut, True, result))
+        else:
+            savepoint, release, rollback_to = (
+                session.savepoint,
+                session.release,
+                session.rollback_to,
+            )
+            for op, fut, _loop in live:
+                mark = tx.notes_mark()
+                try:
+                    savepoint()
+                except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
+                    self._abort(live, session, exc)
+                    return
+                try:
+                    result = op(tx)
+                except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
+                    try:
+                        rollback_to()
+                        release()
+                    except BaseException as broken:  # noqa: BLE001
+                        # The connection itself failed: the whole group is lost.
+                        self._abort(live, session, broken)
+                        return
+                    tx.notes_truncate(mark)
+                    outcomes.append((fut, False, exc))
+                    continue
+                try:
+                    release()
+                except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
+                    self._abort(live, session, exc)
+                    return
+                outcomes.append((fut, True, result))
+        try:
+            session.commit()
+        except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
+            self._abort(live, session, exc)
+            return
+        notes = tx.take_notes()
+        if notes and self._hub is not None:
+            self._hub.publish(notes)
+        self._deliver(outcomes, live)
+
+    def _abort(self, live: list[_Item], session: WriterSession, exc: BaseException) -> None:
+        with contextlib.suppress(BaseException):
+            session.rollback()
+        session.tx.take_notes()
+        self._fail_all(live, session.map_error(exc))
+
+    def _fail_all(self, live: list[_Item], exc: BaseException) -> None:
+        self._deliver([(fut, False, _copy_error(exc)) for _op, fut, _loop in live], live)
+
+    @staticmethod
+    def _deliver(outcomes: list[_Outcome], live: list[_Item]) -> None:
+        loop = live[0][2]
+        if all(item[2] is loop for item in live):
+            _call_soon(loop, outcomes)
+            return
+        per_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+        for outcome in outcomes:
+            per_loop.setdefault(outcome[0].get_loop(), []).append(outcome)
+        for target, group in per_loop.items():
+            _call_soon(target, group)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, outcomes: list[_Outcome]) -> None:
+    with contextlib.suppress(RuntimeError):  # loop closed: its callers are gone
+        loop.call_soon_threadsafe(_resolve, outcomes)
+
+
+def _copy_error(exc: BaseException) -> BaseException:
+    """One exception object per waiting caller, so tracebacks do not interleave."""
+    if isinstance(exc, StorageError):
+        clone = type(exc)(*exc.args)
+        clone.__cause__ = exc.__cause__ or exc
+        return clone
+    return exc
+
+
+class ReaderPool:
+    """A few reader threads, each with its own connection (created on first use)."""
+
+    def __init__(self, connect: Callable[[], ReaderSession], size: int, name: str) -> None:
+        self._connect = connect
+        self._executor = ThreadPoolExecutor(max_workers=max(1, size), thread_name_prefix=name)
+        self._local = threading.local()
+        self._sessions: list[ReaderSession] = []
+        self._lock = threading.Lock()
+        self._closing = False
+
+    async def read(self, op: Callable[[Any], T]) -> T:
+        if self._closing:
+            raise BackendClosed("the backend is closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._run, op)
+
+    def _run(self, op: Callable[[Any], T]) -> T:
+        session: ReaderSession | None = getattr(self._local, "session", None)
+        if session is None:
+            session = self._connect()
+            self._local.session = session
+            with self._lock:
+                self._sessions.append(session)
+        return session.run(op)
+
+    async def close(self) -> None:
+        """Stop accepting reads, wait for the running ones, close the connections."""
+        self._closing = True
+        await asyncio.to_thread(self._executor.shutdown, True)
+        with self._lock:
+            sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            with contextlib.suppress(Exception):
+                session.close()

@@ -1,0 +1,198 @@
+"""Helpers shared by the bot integration tests: run a bot, wait for answers, inspect rooms."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gapline.journal import Bot, BotConfig, Handler, JournalStore, TurnState, echo
+from gapline.journal._progress import STREAM_STATUS_KEY
+from gapline.matrix import ClientEvent, MatrixClient, Session
+from gapline.storage import open_backend
+
+T = TypeVar("T")
+
+PASSWORD = "password"
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], *, timeout: float = 60.0, what: str = "condition"
+) -> T:
+    """Poll ``probe`` until it returns something other than None/False."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+@contextlib.asynccontextmanager
+async def running_bot(
+    homeserver: str,
+    user_id: str,
+    store: str,
+    *,
+    allow: frozenset[str] = frozenset(),
+    handler: Handler = echo,
+) -> AsyncIterator[Bot]:
+    bot = Bot(
+        BotConfig(
+            homeserver=homeserver,
+            user=user_id,
+            password=PASSWORD,
+            store=store,
+            handler=handler,
+            allow_inviters=allow,
+        )
+    )
+    task = asyncio.create_task(bot.run())
+    try:
+        ready = asyncio.create_task(bot.ready.wait())
+        done, _ = await asyncio.wait({task, ready}, timeout=60, return_when="FIRST_COMPLETED")
+        if task in done:
+            task.result()  # raises the bot's failure
+        assert ready in done, "bot did not finish its first sync"
+        yield bot
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def bot_process(
+    homeserver: str,
+    user_id: str,
+    store: str,
+    *,
+    fault: str | None = None,
+    log_path: Path,
+    extra_env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """``gapline bot`` as a subprocess (what the crash matrix kills)."""
+    env = dict(os.environ)
+    env.pop("GAPLINE_FAULT", None)
+    if fault is not None:
+        env["GAPLINE_FAULT"] = fault
+    env.update(extra_env or {})
+    log = log_path.open("ab")
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gapline.cli",
+            "bot",
+            "--homeserver",
+            homeserver,
+            "--user",
+            user_id,
+            "--password",
+            PASSWORD,
+            "--store",
+            store,
+            "--handler",
+            "echo",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        env=env,
+    )
+
+
+async def wait_joined(client: MatrixClient, room_id: str, user_id: str) -> None:
+    async def joined() -> bool:
+        return user_id in await client.joined_members(room_id)
+
+    await eventually(joined, what=f"{user_id} to join {room_id}")
+
+
+async def room_events(client: MatrixClient, room_id: str) -> list[ClientEvent]:
+    """Every event of the room, oldest first (``/messages`` is the order's truth)."""
+    events: list[ClientEvent] = []
+    token: str | None = None
+    while True:
+        page = await client.messages(room_id, from_=token, dir="b", limit=500)
+        events.extend(page.chunk)
+        if not page.end or not page.chunk:
+            break
+        token = page.end
+    events.reverse()
+    return events
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The bot's visible answer to one message, as the room shows it."""
+
+    reply_event_id: str
+    final_body: str | None
+    progress_edits: int
+    final_edits: int
+
+
+def answers_by_source(events: list[ClientEvent], bot_id: str) -> dict[str, list[Answer]]:
+    """Bot replies grouped by the message they answer, with their edit history."""
+    replies: dict[str, tuple[str, str]] = {}  # reply id -> (source id, placeholder body)
+    for event in events:
+        relates = event.content.get("m.relates_to") or {}
+        if event.sender != bot_id or relates.get("rel_type") == "m.replace":
+            continue
+        source = (relates.get("m.in_reply_to") or {}).get("event_id")
+        if source:
+            replies[event.event_id] = (source, event.content.get("body", ""))
+    finals: dict[str, str] = {}
+    final_count: dict[str, int] = {}
+    progress: dict[str, int] = {}
+    for event in events:
+        relates = event.content.get("m.relates_to") or {}
+        if event.sender != bot_id or relates.get("rel_type") != "m.replace":
+            continue
+        target = relates.get("event_id")
+        new = event.content.get("m.new_content") or {}
+        if new.get(STREAM_STATUS_KEY) == "streaming":
+            progress[target] = progress.get(target, 0) + 1
+        else:
+            finals[target] = new.get("body")
+            final_count[target] = final_count.get(target, 0) + 1
+    out: dict[str, list[Answer]] = {}
+    for reply_id, (source, _body) in replies.items():
+        out.setdefault(source, []).append(
+            Answer(
+                reply_id,
+                finals.get(reply_id),
+                progress.get(reply_id, 0),
+                final_count.get(reply_id, 0),
+            )
+        )
+    return out
+
+
+async def turn_states(store_dsn: str, principal: str, source_ids: list[str]) -> dict[str, Any]:
+    backend = await open_backend(store_dsn)
+    try:
+        journal = (await JournalStore.open(backend)).principal(principal)
+        out: dict[str, Any] = {}
+        for source in source_ids:
+            turn = await journal.turn(source)
+            out[source] = None if turn is None else turn.state
+        return out
+    finally:
+        await backend.close()
+
+
+def delivered(states: dict[str, Any]) -> bool:
+    return all(state is TurnState.DELIVERED for state in states.values())
+
+
+async def make_bot_user(kit: Any) -> Session:
+    return await kit.user("bot", PASSWORD)

@@ -1,0 +1,240 @@
+"""The whole bot in-process on the fake homeserver and a real SQLite journal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gapline.journal import (
+    SIDECAR_KEY,
+    STREAM_STATUS_KEY,
+    Bot,
+    BotConfig,
+    Conversation,
+    ConversationKey,
+    Final,
+    Handler,
+    HandlerStream,
+    Progress,
+    TriggerMessage,
+    TurnState,
+    echo,
+)
+from gapline.matrix import ClientEvent
+from gapline.matrix.testing import FakeHomeserver
+
+T = TypeVar("T")
+
+
+async def eventually(probe: Callable[[], Awaitable[T]], what: str, timeout: float = 20) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def bot_on(
+    fake: FakeHomeserver, store: Path, *, handler: Handler = echo, **config: Any
+) -> AsyncIterator[Bot]:
+    fake.register("bot")
+    bot = Bot(
+        BotConfig(
+            homeserver=fake.base_url,
+            user=fake.user_id("bot"),
+            password="password",
+            store=str(store),
+            handler=handler,
+            **config,
+        ),
+        transport=fake.transport,
+    )
+    task = asyncio.create_task(bot.run())
+    try:
+        ready = asyncio.create_task(bot.ready.wait())
+        done, _ = await asyncio.wait({task, ready}, timeout=20, return_when="FIRST_COMPLETED")
+        if task in done:
+            task.result()
+        assert ready in done
+        yield bot
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def bot_events(fake: FakeHomeserver, room: str) -> list[ClientEvent]:
+    return [
+        e
+        for e in fake.events(room)
+        if e.sender == fake.user_id("bot") and e.type == "m.room.message"
+    ]
+
+
+async def test_echo_streams_and_answers_in_the_thread(tmp_path: Path) -> None:
+    fake = FakeHomeserver()
+    fake.register("alice")
+    alice = fake.user_id("alice")
+    room = fake.create_room(alice)
+    async with bot_on(fake, tmp_path / "j.sqlite3", allow_inviters=frozenset({alice})) as bot:
+        fake.invite(alice, room, fake.user_id("bot"))
+        await eventually(lambda: _joined(fake, room), "the bot to join")
+        root = fake.send_text(alice, room, "root")
+        reply = fake.send_event(
+            alice,
+            room,
+            "m.room.message",
+            {
+                "msgtype": "m.text",
+                "body": "in thread",
+                "m.relates_to": {"rel_type": "m.thread", "event_id": root},
+            },
+        )
+        assert bot.journal is not None
+        journal = bot.journal
+
+        async def done() -> bool:
+            turns = [await journal.turn(root), await journal.turn(reply)]
+            return all(t is not None and t.state is TurnState.DELIVERED for t in turns)
+
+        await eventually(done, "both answers delivered")
+        events = bot_events(fake, room)
+        originals = [e for e in events if "m.new_content" not in e.content]
+        by_source = {e.content["m.relates_to"]["m.in_reply_to"]["event_id"]: e for e in originals}
+        assert set(by_source) == {root, reply}
+        assert "rel_type" not in by_source[root].content["m.relates_to"]
+        assert by_source[reply].content["m.relates_to"]["rel_type"] == "m.thread"
+        assert by_source[reply].content["m.relates_to"]["event_id"] == root
+        for source, body in ((root, "root"), (reply, "in thread")):
+            placeholder = by_source[source].event_id
+            edits = [
+                e.content["m.new_content"]
+                for e in events
+                if e.content.get("m.relates_to", {}).get("event_id") == placeholder
+                and e.content["m.relates_to"].get("rel_type") == "m.replace"
+            ]
+            statuses = [c[STREAM_STATUS_KEY] for c in edits]
+            assert statuses.count("streaming") >= 2
+            assert statuses[-1] == "complete"
+            assert edits[-1]["body"] == f"echo: {body}"
+
+        # Progress edits never reach the projection; the final body does.
+        async def projected() -> bool:
+            page = await journal.read_conversation(room, root, 10)
+            return [r.body for r in page.rows] == ["in thread", "echo: in thread"]
+
+        await eventually(projected, "the thread projected at final bodies")
+
+
+async def _joined(fake: FakeHomeserver, room: str) -> bool:
+    return any(
+        e.type == "m.room.member"
+        and e.state_key == fake.user_id("bot")
+        and e.content.get("membership") == "join"
+        for e in fake.events(room)
+    )
+
+
+async def test_invites_from_other_inviters_are_rejected(tmp_path: Path) -> None:
+    fake = FakeHomeserver()
+    for name in ("alice", "mallory"):
+        fake.register(name)
+    alice, mallory = fake.user_id("alice"), fake.user_id("mallory")
+    bad = fake.create_room(mallory)
+    good = fake.create_room(alice)
+    async with bot_on(fake, tmp_path / "j.sqlite3", allow_inviters=frozenset({alice})):
+        fake.invite(mallory, bad, fake.user_id("bot"))
+        fake.invite(alice, good, fake.user_id("bot"))
+        await eventually(lambda: _joined(fake, good), "the allowed invite joined")
+
+        async def rejected() -> bool:
+            return any(
+                e.type == "m.room.member"
+                and e.state_key == fake.user_id("bot")
+                and e.content.get("membership") == "leave"
+                for e in fake.events(bad)
+            )
+
+        await eventually(rejected, "the other invite rejected")
+        assert not await _joined(fake, bad)
+
+
+async def test_a_long_answer_is_a_preview_plus_a_resolved_sidecar(tmp_path: Path) -> None:
+    fake = FakeHomeserver()
+    fake.register("alice")
+    alice = fake.user_id("alice")
+    room = fake.create_room(alice)
+    long_text = "word " * 400
+
+    async def verbose(conversation: Conversation, message: TriggerMessage) -> HandlerStream:
+        yield Progress("thinking")
+        yield Final(long_text)
+
+    async with bot_on(fake, tmp_path / "j.sqlite3", handler=verbose, sidecar_limit=100) as bot:
+        fake.invite(alice, room, fake.user_id("bot"))
+        await eventually(lambda: _joined(fake, room), "the bot to join")
+        source = fake.send_text(alice, room, "tell me everything")
+        assert bot.journal is not None and bot.reader is not None
+        journal, reader = bot.journal, bot.reader
+
+        async def done() -> bool:
+            turn = await journal.turn(source)
+            return turn is not None and turn.state is TurnState.DELIVERED
+
+        await eventually(done, "the answer delivered")
+        final = [
+            e
+            for e in bot_events(fake, room)
+            if e.content.get("m.new_content", {}).get(STREAM_STATUS_KEY) == "complete"
+        ]
+        assert len(final) == 1
+        visible = final[0].content["m.new_content"]
+        assert len(visible["body"]) < len(long_text)
+        assert visible[SIDECAR_KEY]["size"] == len(long_text.encode())
+
+        # The projection holds the resolved full text, never the preview.
+        async def resolved() -> bool:
+            page = await reader.read(ConversationKey(room), limit=10)
+            return any(r.body == long_text for r in page.rows)
+
+        await eventually(resolved, "the full text projected")
+        page = await reader.read(ConversationKey(room), limit=10)
+        assert all(r.body != visible["body"] for r in page.rows)
+
+
+async def test_a_failing_handler_leaves_the_event_pending(tmp_path: Path) -> None:
+    fake = FakeHomeserver()
+    fake.register("alice")
+    alice = fake.user_id("alice")
+    room = fake.create_room(alice)
+    calls = 0
+
+    async def broken(conversation: Conversation, message: TriggerMessage) -> HandlerStream:
+        nonlocal calls
+        calls += 1
+        yield Progress("about to fail")
+        raise RuntimeError("model unavailable")
+
+    async with bot_on(fake, tmp_path / "j.sqlite3", handler=broken) as bot:
+        fake.invite(alice, room, fake.user_id("bot"))
+        await eventually(lambda: _joined(fake, room), "the bot to join")
+        source = fake.send_text(alice, room, "hello")
+        assert bot.journal is not None
+        journal = bot.journal
+
+        async def tried() -> bool:
+            return calls >= 1
+
+        await eventually(tried, "the handler to run")
+        pending = [p.event.event_id for p in await journal.pending(10)]
+        assert source in pending
+        turn = await journal.turn(source)
+        assert turn is not None and turn.state is TurnState.OPEN

@@ -1,0 +1,40 @@
+"""bench/relay.py --quick runs and prints one JSON object with the expected keys."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_bench_quick_prints_the_figures(postgres_cluster: object) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "relay.py"), "--quick", "--no-synapse"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout)
+    for scenario in ("sqlite", "postgres"):
+        data = figures[scenario]
+        for key in (
+            "sends_per_second",
+            "sends",
+            "clients",
+            "processes",
+            "notify_latency_ms",
+            "sync_latency_ms",
+        ):
+            assert key in data, (scenario, key)
+        assert set(data["sync_latency_ms"]) >= {"p50", "p99"}
+    assert figures["postgres"]["processes"] == 2
+    assert "targets" in figures and "machine" in figures
