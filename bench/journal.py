@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import json
 import os
 import platform
@@ -250,34 +252,42 @@ async def bench_walk(bot: PrincipalJournal, messages: int, deep_repeats: int) ->
     }
 
 
-async def run_backend(
-    dsn: str, *, n_seq: int, n_conc: int, messages: int, deep_repeats: int
-) -> dict[str, Any]:
+async def ours_admission(dsn: str, *, n_seq: int, n_conc: int) -> dict[str, Any]:
     backend = await open_backend(dsn)
     try:
-        store = await JournalStore.open(backend)
-        bot = store.principal(PRINCIPAL)
-        figures = await bench_admission(bot, n_seq, n_conc)
-        log(f"seeding a {messages}-message conversation")
-        await seed_conversation(backend, messages)
-        figures.update(await bench_walk(bot, messages, deep_repeats))
-        return figures
+        bot = (await JournalStore.open(backend)).principal(PRINCIPAL)
+        return await bench_admission(bot, n_seq, n_conc)
     finally:
         await backend.close()
 
 
-def run_anchor(args: argparse.Namespace, backends: list[str]) -> dict[str, Any]:
+async def ours_walk(dsn: str, *, messages: int, deep_repeats: int) -> dict[str, Any]:
+    backend = await open_backend(dsn)
+    try:
+        bot = (await JournalStore.open(backend)).principal(PRINCIPAL)
+        log(f"seeding a {messages}-message conversation")
+        await seed_conversation(backend, messages)
+        return await bench_walk(bot, messages, deep_repeats)
+    finally:
+        await backend.close()
+
+
+def anchor_available() -> bool:
+    return (REPO / ".bench-anchor" / "bin" / "python").exists()
+
+
+def run_anchor(
+    args: argparse.Namespace, backend: str, phase: str, dsn: str | None
+) -> dict[str, Any] | None:
+    """One anchor run in its own interpreter; None when it failed (reported on stderr)."""
     python = REPO / ".bench-anchor" / "bin" / "python"
-    script = REPO / "bench" / "journal_anchor.py"
-    if not python.exists() or not script.exists():
-        return {
-            "source": "published orientation figures from issue 6 (mindroom journal, a machine"
-            " like this one); not measured here: .bench-anchor/ holds no mindroom install",
-            **PUBLISHED_ANCHOR,
-        }
     cmd = [
         str(python),
-        str(script),
+        str(REPO / "bench" / "journal_anchor.py"),
+        "--phase",
+        phase,
+        "--backends",
+        backend,
         "--admit",
         str(args.admit),
         "--concurrent",
@@ -288,22 +298,69 @@ def run_anchor(args: argparse.Namespace, backends: list[str]) -> dict[str, Any]:
         str(args.pg_messages),
         "--deep-repeats",
         str(args.deep_repeats),
-        "--backends",
-        ",".join(backends),
     ]
-    if args.postgres_dsn:
-        cmd += ["--postgres-dsn", args.postgres_dsn]
-    log("running the anchor: " + " ".join(cmd))
+    if dsn is not None:
+        cmd += ["--postgres-dsn", dsn]
+    log(f"anchor {backend} {phase}")
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
     sys.stderr.write(proc.stderr)
     if proc.returncode != 0:
-        return {
-            "source": f"anchor run failed (exit {proc.returncode}); published figures",
-            **PUBLISHED_ANCHOR,
-        }
+        log(f"anchor run failed (exit {proc.returncode})")
+        return None
     measured = json.loads(proc.stdout)
-    measured["source"] = "measured in this run: " + str(measured.get("source", "mindroom"))
-    return measured
+    ANCHOR_SOURCE[0] = str(measured.get("source", "mindroom"))
+    return measured.get(backend)
+
+
+ANCHOR_SOURCE = ["mindroom"]
+
+_RATE_KEYS = (
+    "admit_sequential_per_s",
+    "admit_concurrent64_per_s",
+    "settle_sequential_per_s",
+    "settle_concurrent64_per_s",
+)
+
+
+def _median_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in _RATE_KEYS:
+        values = [r[key] for r in rounds if r.get(key) is not None]
+        out[key] = round(statistics.median(values), 1) if values else None
+        out[key + "_rounds"] = values
+    return out
+
+
+async def run_backend(
+    name: str, make_dsn: Callable[[], str], args: argparse.Namespace, with_anchor: bool
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Admission rounds interleaved with the anchor's (the disk is shared and noisy),
+    then one walk each. Medians of the rounds are reported, with every round listed."""
+    ours_rounds: list[dict[str, Any]] = []
+    anchor_rounds: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        log(f"{name} round {r + 1}/{args.rounds}")
+        ours_rounds.append(
+            await ours_admission(make_dsn(), n_seq=args.admit, n_conc=args.concurrent)
+        )
+        if with_anchor:
+            measured = run_anchor(
+                args, name, "admission", make_dsn() if name == "postgres" else None
+            )
+            if measured is not None:
+                anchor_rounds.append(measured)
+    messages = args.messages if name == "sqlite" else args.pg_messages
+    ours = _median_rounds(ours_rounds)
+    ours["admit_sequential_events"] = args.admit
+    ours["admit_concurrent_events"] = args.concurrent
+    ours.update(await ours_walk(make_dsn(), messages=messages, deep_repeats=args.deep_repeats))
+    anchor: dict[str, Any] | None = None
+    if with_anchor and anchor_rounds:
+        anchor = _median_rounds(anchor_rounds)
+        walk = run_anchor(args, name, "walk", make_dsn() if name == "postgres" else None)
+        if walk is not None:
+            anchor.update(walk)
+    return ours, anchor
 
 
 def _ratio(
@@ -320,7 +377,7 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
     for name in ("sqlite", "postgres"):
         ours = result.get(name)
         theirs = anchor.get(name) or {}
-        if not isinstance(ours, dict) or "admit_sequential_per_s" not in ours:
+        if not isinstance(ours, dict) or "admit_sequential_per_s" not in ours or not theirs:
             continue
         scale = ours["walk_messages"] / 1_000_000
         their_walk = theirs.get("walk_seconds")
@@ -356,54 +413,63 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _dsn_factory(
+    name: str,
+    tmp: Path,
+    counter: itertools.count[int],
+    postgres_dsn: str | None,
+    stack: contextlib.ExitStack,
+) -> Callable[[], str]:
+    """A fresh database per call: SQLite files, or databases of one throwaway cluster."""
+    if name == "sqlite":
+        return lambda: str(tmp / f"journal-{next(counter)}.sqlite3")
+    if postgres_dsn:
+        return lambda: postgres_dsn
+    from gapline.storage.devpostgres import start_cluster
+
+    cluster = stack.enter_context(start_cluster())
+    return cluster.create_database
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     backends = [b for b in args.backends.split(",") if b]
+    with_anchor = not args.no_anchor and anchor_available()
     result: dict[str, Any] = {
         "benchmark": "journal",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "quick": args.quick,
+        "rounds": args.rounds,
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
         },
     }
-    with tempfile.TemporaryDirectory(prefix="gapline-bench-journal-") as tmp:
-        if "sqlite" in backends:
-            log("sqlite")
-            result["sqlite"] = await run_backend(
-                str(Path(tmp) / "journal.sqlite3"),
-                n_seq=args.admit,
-                n_conc=args.concurrent,
-                messages=args.messages,
-                deep_repeats=args.deep_repeats,
-            )
-        if "postgres" in backends:
-            log("postgres")
-            if args.postgres_dsn:
-                result["postgres"] = await run_backend(
-                    args.postgres_dsn,
-                    n_seq=args.admit,
-                    n_conc=args.concurrent,
-                    messages=args.pg_messages,
-                    deep_repeats=args.deep_repeats,
-                )
-            else:
-                from gapline.storage.devpostgres import start_cluster
-
-                with start_cluster() as cluster:
-                    result["postgres"] = await run_backend(
-                        cluster.create_database(),
-                        n_seq=args.admit,
-                        n_conc=args.concurrent,
-                        messages=args.pg_messages,
-                        deep_repeats=args.deep_repeats,
-                    )
-    result["anchor"] = (
-        run_anchor(args, backends)
-        if not args.no_anchor
-        else {"source": "skipped (--no-anchor); published orientation figures", **PUBLISHED_ANCHOR}
-    )
+    anchor: dict[str, Any] = {}
+    with (
+        tempfile.TemporaryDirectory(prefix="gapline-bench-journal-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
+        counter = itertools.count()
+        for name in backends:
+            make_dsn = _dsn_factory(name, Path(tmp), counter, args.postgres_dsn, stack)
+            ours, theirs = await run_backend(name, make_dsn, args, with_anchor)
+            result[name] = ours
+            if theirs is not None:
+                anchor[name] = theirs
+    if with_anchor and anchor:
+        anchor["source"] = (
+            f"measured in this run, interleaved round by round: {ANCHOR_SOURCE[0]}"
+            " (Python 3.12 venv .bench-anchor/, its own SQLite/PostgreSQL backends)"
+        )
+        result["anchor"] = anchor
+    else:
+        result["anchor"] = {
+            "source": "published orientation figures from issue 6 (mindroom journal, a machine"
+            " like this one); not measured here",
+            **PUBLISHED_ANCHOR,
+        }
+    result["anchor_published"] = PUBLISHED_ANCHOR
     result["targets"] = targets(result)
     return result
 
@@ -425,15 +491,11 @@ def main() -> None:
     parser.add_argument(
         "--no-anchor", action="store_true", help="do not run bench/journal_anchor.py"
     )
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved admission rounds")
     args = parser.parse_args()
     if args.quick:
-        args.admit, args.concurrent, args.messages, args.pg_messages, args.deep_repeats = (
-            100,
-            640,
-            5_000,
-            5_000,
-            20,
-        )
+        args.admit, args.concurrent, args.messages, args.pg_messages = 100, 640, 5_000, 5_000
+        args.deep_repeats, args.rounds = 20, 1
     print(json.dumps(asyncio.run(main_async(args)), indent=2))
 
 

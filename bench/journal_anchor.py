@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from mindroom.event_journal import (  # ty: ignore[unresolved-import]
+from mindroom.event_journal import (  # ty: ignore[import-not-found]
     ConversationCursor,
     EventClass,
     EventJournalStore,
@@ -35,6 +35,7 @@ from mindroom.event_journal import (  # ty: ignore[unresolved-import]
     ProjectedEvent,
 )
 
+SRC = str(Path(__file__).resolve().parents[1] / "src")
 PRINCIPAL = "@bench:example.org"
 ROOM = "!bench:example.org"
 WALK_ROOM = "!walk:example.org"
@@ -98,9 +99,29 @@ def _walk_ts(i: int) -> int:
 
 
 async def run(
-    store: Any, *, n_seq: int, n_conc: int, messages: int, deep_repeats: int, postgres: bool
+    store: Any,
+    *,
+    n_seq: int,
+    n_conc: int,
+    messages: int,
+    deep_repeats: int,
+    postgres: bool,
+    phase: str = "all",
 ) -> dict[str, Any]:
     bot = store.principal(PRINCIPAL)
+    figures: dict[str, Any] = {}
+    if phase in ("all", "admission"):
+        figures.update(await run_admission(bot, n_seq=n_seq, n_conc=n_conc))
+    if phase in ("all", "walk"):
+        figures.update(
+            await run_walk(
+                store, bot, messages=messages, deep_repeats=deep_repeats, postgres=postgres
+            )
+        )
+    return figures
+
+
+async def run_admission(bot: Any, *, n_seq: int, n_conc: int) -> dict[str, Any]:
     seq_events = [_event(i, "seq") for i in range(n_seq)]
     conc_events = [_event(i, "conc") for i in range(n_conc)]
     t0 = time.perf_counter()
@@ -140,6 +161,17 @@ async def run(
     await _concurrently(ids, 64, bot.settle)
     t_settle_conc = time.perf_counter() - t0
     log(f"pending+settle 64 concurrent: {len(ids)} in {t_settle_conc:.2f}s")
+    return {
+        "admit_sequential_per_s": round(n_seq / t_seq, 1),
+        "admit_concurrent64_per_s": round(n_conc / t_conc, 1),
+        "settle_sequential_per_s": round(settled / t_settle, 1),
+        "settle_concurrent64_per_s": round(len(ids) / t_settle_conc, 1) if ids else None,
+    }
+
+
+async def run_walk(
+    store: Any, bot: Any, *, messages: int, deep_repeats: int, postgres: bool
+) -> dict[str, Any]:
 
     log(f"seeding a {messages}-message conversation")
     chunk = 50_000
@@ -201,10 +233,6 @@ async def run(
     deep_ms = statistics.median(times) * 1000
     log(f"deep page: median {deep_ms:.3f} ms ({len(page.messages)} rows)")
     return {
-        "admit_sequential_per_s": round(n_seq / t_seq, 1),
-        "admit_concurrent64_per_s": round(n_conc / t_conc, 1),
-        "settle_sequential_per_s": round(settled / t_settle, 1),
-        "settle_concurrent64_per_s": round(len(ids) / t_settle_conc, 1) if ids else None,
         "walk_messages": seen,
         "walk_pages": pages,
         "walk_seconds": round(walk, 3),
@@ -216,7 +244,7 @@ async def run(
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from importlib.metadata import version
 
-    import mindroom  # ty: ignore[unresolved-import]
+    import mindroom  # ty: ignore[import-not-found]
 
     result: dict[str, Any] = {
         "source": f"mindroom {version('mindroom')} ({Path(mindroom.__file__).parent})"
@@ -234,6 +262,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     messages=args.messages,
                     deep_repeats=args.deep_repeats,
                     postgres=False,
+                    phase=args.phase,
                 )
             finally:
                 await store.backend.close()
@@ -242,7 +271,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             cluster = None
             dsn = args.postgres_dsn
             if dsn is None:
-                sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+                sys.path.insert(0, SRC)
                 from gapline.storage.devpostgres import start_cluster  # stdlib-only helper
 
                 cluster = start_cluster()
@@ -257,6 +286,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         messages=args.pg_messages,
                         deep_repeats=args.deep_repeats,
                         postgres=True,
+                        phase=args.phase,
                     )
                 finally:
                     await store.backend.close()
@@ -275,6 +305,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--pg-messages", type=int, default=1_000_000)
     parser.add_argument("--deep-repeats", type=int, default=200)
+    parser.add_argument("--phase", choices=["all", "admission", "walk"], default="all")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(main_async(args)), indent=2))
 

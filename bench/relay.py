@@ -32,7 +32,6 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ from typing import Any
 
 import aiohttp
 
-from gapline.meshline._identity import account_auth_input, device_auth_input, relay_origin
+from gapline.meshline import account_auth_input, device_auth_input, relay_origin
 from gapline.meshline.testing import TEST_CONTEXT, TestAccount, make_account, make_send_params
 from gapline.relay.devserver import RelayProcess
 
@@ -340,9 +339,11 @@ async def main() -> None:
             await asyncio.to_thread(cluster.stop)
     if not args.no_synapse:
         log("synapse: message sends into one room")
+        from gapline.matrix.devserver import SynapseStartError
+
         try:
             result["synapse"] = await run_synapse(clients=args.clients, seconds=args.seconds)
-        except Exception as exc:  # the anchor is optional; say why it is missing
+        except SynapseStartError as exc:  # the anchor is optional; say why it is missing
             result["synapse"] = {
                 "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             }

@@ -18,7 +18,10 @@ from collections.abc import Sequence
 # name -> (module, one-line summary). The summaries live here so `gapline --help`
 # needs no import of any command module.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "bridge": ("gapline.history.cli", "speak the history wire protocol as JSON lines on stdin/stdout"),
+    "bridge": (
+        "gapline.history.cli",
+        "speak the history wire protocol as JSON lines on stdin/stdout",
+    ),
     "tui": ("gapline.tui.cli", "read Matrix rooms in the terminal, gaps shown inline"),
     "demo": ("gapline.tui.demo", "throwaway homeserver, a room with a gap, and the TUI to fill it"),
     "bot": ("gapline.journal.cli_bot", "run a Matrix bot on the event journal"),

@@ -106,6 +106,22 @@ def bodies(items) -> list[str]:
     return [i.body for i in items if isinstance(i, EventItem) and i.event_type == "m.room.message"]
 
 
+def describe(items) -> str:
+    return "\n".join(
+        f"  {type(i).__name__} {getattr(i, 'body', None) or getattr(i, 'event_type', '')} {i.id}"
+        for i in items
+    )
+
+
+def assert_chronological(items) -> None:
+    """DESIGN: index 0 is the oldest row; a gap row sits between two events."""
+    stamps = [i.origin_server_ts for i in items if isinstance(i, EventItem)]
+    assert stamps == sorted(stamps), "rows out of order:\n" + describe(items)
+    for n, item in enumerate(items):
+        if isinstance(item, HistoryGapItem):
+            assert 0 < n < len(items) - 1, "a gap row at an edge:\n" + describe(items)
+
+
 def events_between(lines: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [line["event"][kind] for line in lines if kind in line.get("event", {})]
 
@@ -158,7 +174,8 @@ async def test_open_gap_fill_send_dump_over_the_bridge(
     assert json.loads((store / "device.json").read_text())["device_id"] == device
     items = bridge.mirror.items(room) or ()
     gaps = [i for i in items if isinstance(i, HistoryGapItem)]
-    assert gaps, f"expected a gap row, got {items}"
+    assert gaps, "expected a gap row:\n" + describe(items)
+    assert_chronological(items)
     assert bodies(items)[-1] == later[-1]
 
     # FillGap walks it (4 pages of 5 per fill) until the older section is reached.
@@ -184,7 +201,8 @@ async def test_open_gap_fill_send_dump_over_the_bridge(
         pytest.fail("the gap never joined")
     items = bridge.mirror.items(room) or ()
     assert not any(isinstance(i, HistoryGapItem) and i.id == gap_id for i in items)
-    assert bodies(items)[-(len(first) + len(later)) :] == first + later
+    assert_chronological(items)
+    assert bodies(items)[-(len(first) + len(later)) :] == first + later, describe(items)
 
     # A gap that joined is gone.
     _, answer = await bridge.request(
@@ -209,8 +227,56 @@ async def test_open_gap_fill_send_dump_over_the_bridge(
     _, answer = await bridge.request({"OpenRoom": {"room_id": 42}})
     assert "Invalid" in answer
 
+    # TimelineReset is sent once, as the room opened; history came as diffs.
+    assert sum("TimelineReset" in line.get("event", {}) for line in bridge.lines) == 1
+
     lines = await bridge.shutdown()
     assert {"RecentHistoryChanged": {"room_id": room, "state": "Idle"}} in [
         line["event"] for line in lines if "event" in line
     ]
     assert bridge.mirror.state.timelines == {}
+
+
+async def run_bridge_to_exit(
+    kit: SynapseKit, user_id: str, store: Path, *args: str, password: str = "password"
+) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gapline.cli", "bridge",
+        "--homeserver", kit.base_url, "--user", user_id, "--password", password,
+        "--store", str(store), *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(
+        proc.communicate(b'{"id": 1, "command": "Shutdown"}\n'), READ_TIMEOUT
+    )
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_bad_login_and_wrong_passphrase_are_clear_errors(
+    synapse_kit: SynapseKit, tmp_path: Path
+) -> None:
+    alice = await synapse_kit.user("alice")
+    store = tmp_path / "store"
+
+    status, out, err = await run_bridge_to_exit(synapse_kit, alice.user_id, store, password="wrong")
+    assert status == 1
+    assert out == ""  # stdout carries protocol lines only
+    assert f"login as {alice.user_id} failed" in err
+    assert "Traceback" not in err
+
+    status, out, err = await run_bridge_to_exit(
+        synapse_kit, alice.user_id, store, "--passphrase", "one"
+    )
+    assert status == 0, err
+    assert [json.loads(line) for line in out.splitlines()] == [{"id": 1, "answer": "Ok"}]
+
+    status, out, err = await run_bridge_to_exit(
+        synapse_kit, alice.user_id, store, "--passphrase", "two"
+    )
+    assert status == 1
+    assert out == ""
+    assert "wrong passphrase" in err
+    assert "Traceback" not in err

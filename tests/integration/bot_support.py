@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,10 +24,10 @@ PASSWORD = "password"
 
 
 async def eventually(
-    probe: Callable[[], Awaitable[T | None]], *, timeout: float = 60.0, what: str = "condition"
+    probe: Callable[[], Awaitable[T | None]], *, within: float = 60.0, what: str = "condition"
 ) -> T:
     """Poll ``probe`` until it returns something other than None/False."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     while True:
         value = await probe()
         if value is not None and value is not False:
@@ -45,7 +45,7 @@ async def running_bot(
     *,
     allow: frozenset[str] = frozenset(),
     handler: Handler = echo,
-) -> AsyncIterator[Bot]:
+) -> AsyncGenerator[Bot]:
     bot = Bot(
         BotConfig(
             homeserver=homeserver,
@@ -157,12 +157,12 @@ def answers_by_source(events: list[ClientEvent], bot_id: str) -> dict[str, list[
         relates = event.content.get("m.relates_to") or {}
         if event.sender != bot_id or relates.get("rel_type") != "m.replace":
             continue
-        target = relates.get("event_id")
+        target = str(relates.get("event_id"))
         new = event.content.get("m.new_content") or {}
         if new.get(STREAM_STATUS_KEY) == "streaming":
             progress[target] = progress.get(target, 0) + 1
         else:
-            finals[target] = new.get("body")
+            finals[target] = str(new.get("body"))
             final_count[target] = final_count.get(target, 0) + 1
     out: dict[str, list[Answer]] = {}
     for reply_id, (source, _body) in replies.items():

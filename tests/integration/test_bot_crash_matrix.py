@@ -84,7 +84,7 @@ async def test_sigkill_at_boundary_then_restart(
             async def all_delivered() -> bool:
                 return delivered(await turn_states(store_dsn, bot.user_id, sources))
 
-            await eventually(all_delivered, timeout=90, what="both turns delivered after restart")
+            await eventually(all_delivered, within=90, what="both turns delivered after restart")
             events = await room_events(client, room)
         assert stop(second) == 0, log.read_text()[-3000:]
     finally:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gapline.journal import ConversationKey, JournalStore, StaleConversation
+from gapline.journal import JournalStore
 from gapline.storage import open_backend
 from tests.fixtures.synapse import SynapseKit
 from tests.integration.bot_support import (
@@ -42,7 +42,7 @@ async def test_echo_answers_each_of_50_messages_exactly_once(
         async def all_delivered() -> bool:
             return delivered(await turn_states(store, bot.user_id, sources))
 
-        await eventually(all_delivered, timeout=120, what="50 delivered turns")
+        await eventually(all_delivered, within=120, what="50 delivered turns")
         events = await room_events(client, room)
     answers = answers_by_source(events, bot.user_id)
     for source, body in zip(sources, bodies, strict=True):

@@ -76,7 +76,7 @@ async def test_two_bots_share_one_database_without_touching_each_other(
                 async def done(bot_id: str = bot.user_id, ids: list[str] = ids) -> bool:
                     return delivered(await turn_states(postgres_dsn, bot_id, ids))
 
-                await eventually(done, timeout=90, what=f"{bot.user_id} answered")
+                await eventually(done, within=90, what=f"{bot.user_id} answered")
             events = [await room_events(client, room) for room in rooms]
         for process in processes:
             process.send_signal(signal.SIGTERM)

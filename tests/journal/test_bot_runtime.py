@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,8 +30,8 @@ from gapline.matrix.testing import FakeHomeserver
 T = TypeVar("T")
 
 
-async def eventually(probe: Callable[[], Awaitable[T]], what: str, timeout: float = 20) -> T:
-    deadline = time.monotonic() + timeout
+async def eventually(probe: Callable[[], Awaitable[T]], what: str, within: float = 20) -> T:
+    deadline = time.monotonic() + within
     while True:
         value = await probe()
         if value:
@@ -44,7 +44,7 @@ async def eventually(probe: Callable[[], Awaitable[T]], what: str, timeout: floa
 @contextlib.asynccontextmanager
 async def bot_on(
     fake: FakeHomeserver, store: Path, *, handler: Handler = echo, **config: Any
-) -> AsyncIterator[Bot]:
+) -> AsyncGenerator[Bot]:
     fake.register("bot")
     bot = Bot(
         BotConfig(

@@ -18,8 +18,7 @@ from typing import Any
 import httpx
 import websockets
 
-from gapline.meshline._canonical import NetworkContext
-from gapline.meshline._identity import device_auth_input, relay_origin
+from gapline.meshline import NetworkContext, device_auth_input, relay_origin
 from gapline.meshline.testing import TEST_CONTEXT, TestAccount, TestDevice
 from gapline.relay import RelayConfig, RelayServer
 
@@ -141,7 +140,7 @@ class RelayUnderTest:
         self, account: TestAccount, state: Any = None, device: TestDevice | None = None
     ) -> None:
         """Publish the account's device state (bootstrapping with an account session)."""
-        from gapline.meshline._identity import account_auth_input
+        from gapline.meshline import account_auth_input
 
         state = state if state is not None else account.state
         challenge = await self.ok("auth.challenge", {"account": account.account})

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gapline.meshline._errors import HTTP_STATUS_BY_CODE
+from gapline.meshline import HTTP_STATUS_BY_CODE
 from gapline.meshline.testing import make_account, make_send_params
 from tests.relay.harness import VERBS, start_relay
 

@@ -136,7 +136,7 @@ async def test_unknown_and_not_yet_effective_devices_cannot_read(relay_dsn: str)
 
 
 async def test_expired_device_cannot_read_what_arrived_while_expired(relay_dsn: str) -> None:
-    from gapline.meshline._certificates import issue_certificate
+    from gapline.meshline import issue_certificate
     from gapline.meshline.testing import TestDevice
 
     clock = Clock()

@@ -106,7 +106,7 @@ async def test_sessions_are_required_and_checked(sqlite_dsn: str) -> None:
         await r.publish(alice)
         # An account session cannot call device methods.
         challenge = await r.ok("auth.challenge", {"account": alice.account})
-        from gapline.meshline._identity import account_auth_input
+        from gapline.meshline import account_auth_input
 
         payload = account_auth_input(
             relay_id=r.server.relay.relay_id,

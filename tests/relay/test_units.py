@@ -6,11 +6,11 @@ import argparse
 import asyncio
 import subprocess
 import sys
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from gapline.meshline._errors import HTTP_STATUS_BY_CODE, JSONRPC_CODE_BY_CODE
+from gapline.meshline import HTTP_STATUS_BY_CODE, JSONRPC_CODE_BY_CODE
 from gapline.relay import DEFAULT_NETWORK_CONTEXT
 from gapline.relay._errors import RelayFailure, http_status, jsonrpc_code
 from gapline.relay._ratelimit import RateLimiter
@@ -69,7 +69,7 @@ class _FakeServer:
 
 async def test_notifications_coalesce_when_the_reader_is_slow() -> None:
     ws = _FakeWs()
-    conn = WsConnection(_FakeServer(), ws, "test")  # type: ignore[arg-type]
+    conn = WsConnection(cast(Any, _FakeServer()), cast(Any, ws), "test")
     conn.notify_enabled = True
     await conn.answer("r1")
     await conn.answer("r2")  # the queue (size 2) is now full

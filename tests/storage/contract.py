@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -498,3 +498,15 @@ class BackendContract:
         await asyncio.gather(*closes)
         # Every close returned only after the queued write had committed.
         assert held.done() and pending.done() and pending.result() == 1
+
+    async def test_an_async_operation_is_refused_clearly(self, db: Backend) -> None:
+        async def wrong(tx: Tx) -> None:
+            tx.execute("INSERT INTO items (k, v) VALUES ('never', 0)")
+
+        # Typed as returning a coroutine, which is exactly the mistake refused here.
+        mistaken = cast("Callable[[Tx], None]", wrong)
+        with pytest.raises(TypeError, match="not an async def"):
+            await db.write(mistaken)
+        with pytest.raises(TypeError, match="not an async def"):
+            await db.read(mistaken)
+        assert await db.read(keys) == []

@@ -15,7 +15,11 @@ Commands run concurrently, one task each, so a ``Cancel`` can reach a
 each tagged with its request's id. A line that is not a valid request is
 answered ``{"id": N-or-null, "answer": {"Invalid": "why"}}`` at once and the
 bridge keeps reading. Blank lines are skipped. Commands reach the engine in the
-order their lines were read.
+order their lines were read, and ``OpenRoom``/``CloseRoom`` are barriers for
+their room: a later command for the same room waits until they answered, so a
+client may pipeline ``OpenRoom`` and ``FillGap`` without seeing
+``RoomNotOpen``. Nothing else is serialised: a second ``FillGap`` overlapping
+a running one still answers ``RoomBusy``, as the seed says.
 
 ``"Shutdown"`` stops reading and is passed to the engine, which interrupts
 running commands (they answer ``Interrupted``) and closes every room, each
@@ -36,20 +40,22 @@ import asyncio
 import contextlib
 import logging
 import os
-import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
 from gapline.history._mirror import Mirror
 from gapline.history._types import (
     Answer,
+    CloseRoom,
     Command,
     DumpState,
     Event,
     Failed,
     Invalid,
     Ok,
+    OpenRoom,
     Shutdown,
 )
 from gapline.history._wire import Json, WireError, command_from_wire, dumps, loads, to_wire
@@ -108,15 +114,13 @@ class LineWriter:
         self.write({"id": request_id, "answer": to_wire(answer)})
 
 
+@dataclass(frozen=True, slots=True)
 class Request:
-    """A parsed input line: its id (``None`` when unusable) and command or error."""
+    """A parsed input line: its id (``None`` when unusable), and its command or the error."""
 
-    __slots__ = ("command", "error", "id")
-
-    def __init__(self, request_id: int | None, command: Command | None, error: str | None) -> None:
-        self.id = request_id
-        self.command = command
-        self.error = error
+    id: int | None
+    command: Command | None
+    error: str | None
 
 
 def parse_request(line: bytes | str) -> Request:
@@ -213,6 +217,8 @@ class Bridge:
         self._writer = writer
         self._mirror = mirror
         self._state_line = state_line or (lambda m: to_wire(m.state))
+        # room -> the last OpenRoom/CloseRoom of that room still running
+        self._lifecycle: dict[str, asyncio.Task[None]] = {}
 
     async def run(self, lines: AsyncIterator[bytes]) -> int:
         """Serve until EOF or ``Shutdown``; returns the exit status (0)."""
@@ -246,7 +252,12 @@ class Bridge:
                     case DumpState():
                         track(tasks.create_task(self._dump_state(request.id, set(in_flight))))
                     case command:
-                        track(tasks.create_task(self._execute(request.id, command)))
+                        room_id = getattr(command, "room_id", None)
+                        before = self._lifecycle.get(room_id) if room_id else None
+                        task = tasks.create_task(self._execute(request.id, command, before))
+                        track(task)
+                        if isinstance(command, OpenRoom | CloseRoom):
+                            self._mark_lifecycle(command.room_id, task)
             else:
                 # End of input is not a request to interrupt: the commands
                 # already read finish and answer, then the rooms close.
@@ -299,7 +310,22 @@ class Bridge:
         elif not isinstance(result, Ok):
             log.warning("Shutdown answered %s", result)
 
-    async def _execute(self, request_id: int | None, command: Command) -> None:
+    def _mark_lifecycle(self, room_id: str, task: asyncio.Task[None]) -> None:
+        self._lifecycle[room_id] = task
+
+        def forget(done: asyncio.Task[None]) -> None:
+            if self._lifecycle.get(room_id) is done:
+                del self._lifecycle[room_id]
+
+        task.add_done_callback(forget)
+
+    async def _execute(
+        self, request_id: int | None, command: Command, before: asyncio.Task[None] | None = None
+    ) -> None:
+        if before is not None and not before.done():
+            # An OpenRoom/CloseRoom of this room read earlier is still running:
+            # a pipelined FillGap must find the room open, not RoomNotOpen.
+            await asyncio.wait({before})
         self._writer.answer(request_id, await self._call(command))
 
     async def _call(self, command: Command) -> Answer:
@@ -310,7 +336,3 @@ class Bridge:
             # traceback goes to stderr, the client gets a Failed answer.
             log.exception("%s raised", type(command).__name__)
             return Failed(f"internal error: {type(exc).__name__}: {exc}")
-
-
-def stdout_writer() -> LineWriter:
-    return LineWriter(sys.stdout.buffer)

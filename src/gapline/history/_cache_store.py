@@ -27,9 +27,9 @@ handed (:meth:`CacheStore.write_update`).
 from __future__ import annotations
 
 import json
-from hmac import digest as _hmac_digest
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from hmac import digest as _hmac_digest
 from typing import Any, NamedTuple, Protocol
 
 import msgspec

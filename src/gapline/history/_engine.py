@@ -522,7 +522,14 @@ class Engine:
             return Interrupted()
         return op.task.result()
 
-    async def _drive(self, room: _Room, flow: WalkFlow, state: WalkState) -> WalkOutcome:
+    async def _drive(
+        self,
+        room: _Room,
+        flow: WalkFlow,
+        state: WalkState,
+        *,
+        pause_at_budget: bool = False,
+    ) -> WalkOutcome:
         """Run a walk: fetch each page, commit it, flush it; cancellation becomes an outcome."""
         assert self.client is not None
         client = self.client
@@ -539,7 +546,8 @@ class Engine:
                         effect = flow.send(page)
                     else:
                         assert isinstance(effect, Commit)
-                        commit = self._walk_commit(room.room_id, state, effect)
+                        then = GapLifecycle.Paused if pause_at_budget and effect.last else None
+                        commit = self._walk_commit(room.room_id, state, effect, then)
                         try:
                             result = await asyncio.shield(commit)
                         except asyncio.CancelledError:
@@ -569,10 +577,12 @@ class Engine:
             return stop.value
 
     def _walk_commit(
-        self, room_id: str, state: WalkState, effect: Commit
+        self, room_id: str, state: WalkState, effect: Commit, then: GapLifecycle | None
     ) -> asyncio.Future[PageResult]:
         return asyncio.ensure_future(
-            self._room_write(room_id, lambda s: s.walk_page(state, effect.chunk, effect.end))
+            self._room_write(
+                room_id, lambda s: s.walk_page(state, effect.chunk, effect.end, then=then)
+            )
         )
 
     # -- recent load -----------------------------------------------------------------------
@@ -683,17 +693,8 @@ class Engine:
         return await self._answer_of(op)
 
     async def _fill(self, room: _Room, gap_id: str, cursor: str | None) -> Answer:
-        try:
-            state = await self._room_write(room.room_id, lambda s: s.start_fill(gap_id))
-        except asyncio.CancelledError:
-            _uncancel()
-            return await self._settle_fill(room, gap_id, WalkOutcome(WalkEnd.Cancelled, 0, 0))
-        except StorageError as exc:
-            return await self._settle_fill(
-                room, gap_id, WalkOutcome(WalkEnd.Failed, 0, 0, describe(exc))
-            )
-        if state is None:
-            return await self._settle_fill(room, gap_id, WalkOutcome(WalkEnd.Joined, 0, 0))
+        # The first page finds the gap's newer boundary in its own transaction.
+        state = WalkState(None, gap_id)
         if cursor is None:
             outcome = WalkOutcome(
                 WalkEnd.Failed, 0, 0, "this gap has no pagination cursor to fill it from"
@@ -705,7 +706,7 @@ class Engine:
                 page_size=self.config.page_size,
                 budget=self.config.page_budget,
             )
-            outcome = await self._drive(room, flow, state)
+            outcome = await self._drive(room, flow, state, pause_at_budget=True)
         return await _shielded(self._settle_fill(room, gap_id, outcome))
 
     async def _settle_fill(self, room: _Room, gap_id: str, outcome: WalkOutcome) -> Answer:
@@ -720,11 +721,15 @@ class Engine:
                 report = HistoryRepairReport(
                     **base, phase=RepairPhase.Ready, continuity=Continuity.Verified
                 )
-            case WalkEnd.Budget | WalkEnd.CursorStalled:
-                stop = (
-                    RepairStop.Budget if outcome.end is WalkEnd.Budget else RepairStop.CursorStalled
+            case WalkEnd.Budget:
+                lifecycle = None  # the page that spent the budget paused the gap
+                report = HistoryRepairReport(
+                    **base, phase=RepairPhase.Paused, stop=RepairStop.Budget
                 )
-                report = HistoryRepairReport(**base, phase=RepairPhase.Paused, stop=stop)
+            case WalkEnd.CursorStalled:
+                report = HistoryRepairReport(
+                    **base, phase=RepairPhase.Paused, stop=RepairStop.CursorStalled
+                )
             case WalkEnd.StartReached:
                 lifecycle = None  # the last page already made the gap Unavailable
                 report = HistoryRepairReport(

@@ -43,8 +43,12 @@ class Fetch:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
+    """Commit a page. ``last`` is set on the page that spends the budget, so the
+    driver can settle the gap's lifecycle in the same transaction."""
+
     chunk: tuple[ClientEvent, ...]
     end: str | None
+    last: bool = False
 
 
 class WalkEnd(enum.Enum):
@@ -87,7 +91,7 @@ def backwards_walk(room_id: str, cursor: str | None, *, page_size: int, budget: 
             assert isinstance(page, MessagesResponse)
             if page.end is not None and page.end in seen:
                 return WalkOutcome(WalkEnd.CursorStalled, pages, events)
-            result = yield Commit(tuple(page.chunk), page.end)
+            result = yield Commit(tuple(page.chunk), page.end, last=pages + 1 == budget)
             assert isinstance(result, PageResult)
             pages += 1
             events += result.inserted

@@ -195,12 +195,20 @@ class Sections:
         return WalkState((low, head), None if gap is None else gap.gap_id)
 
     def walk_page(
-        self, state: WalkState, chunk: Sequence[ClientEvent], end: str | None
+        self,
+        state: WalkState,
+        chunk: Sequence[ClientEvent],
+        end: str | None,
+        *,
+        then: GapLifecycle | None = None,
     ) -> PageResult:
         """Commit one ``/messages?dir=b`` page (newest first) of a backwards walk.
 
         Events not retained are prepended to the walked section; the walked
         gap's boundary and cursor move with them, in this same transaction.
+        A state with a ``gap_id`` and no anchor starts at that gap's newer
+        boundary. ``then``: the lifecycle the gap takes if it is still open
+        after this page (the page that spends a fill's budget pauses it).
         """
         store, tx, room = self.store, self.tx, self.room
         keys = [self._key(e.event_id) for e in chunk]
@@ -209,8 +217,12 @@ class Sections:
         gap: GapRecord | None = None
         if state.gap_id is not None:
             gap = store.gap_by_id(tx, room, state.gap_id)
-            if gap is None and anchor is not None:
+            if gap is None:
                 return PageResult(WalkState(anchor), 0, True, False, None)
+            if anchor is None:
+                head = store.section_head(tx, room, gap.newer_ord)
+                assert head is not None
+                anchor = (gap.newer_ord, head)
         new_gap = False  # `gap` was created by this page and is not written yet
         run: list[ClientEvent] = []  # prepended this page, newest first
         at_head = anchor is not None  # the page's oldest event so far is at/below the head
@@ -281,6 +293,8 @@ class Sections:
             )
         elif at_head and end is not None:
             changed = replace(changed, cursor=end)
+        if then is not None and not start_reached:
+            changed = replace(changed, lifecycle=then, failure=None)
         if new_gap:
             self._emit(GapAdded(changed))
         elif changed != gap:

@@ -21,9 +21,12 @@ from collections.abc import Coroutine
 from pathlib import Path
 
 from gapline.history._bridge import Bridge, LineWriter, stream_lines
+from gapline.history._engine import Engine
 from gapline.history._mirror import Mirror
 from gapline.history._publish import Publisher
 from gapline.history._types import EngineConfig
+from gapline.matrix import MatrixClient, MatrixError
+from gapline.storage import StorageError, WrongPassphrase
 
 __all__ = ["configure", "run"]
 
@@ -138,11 +141,6 @@ async def _serve(
     device_id: str | None,
     passphrase: str | None,
 ) -> int:
-    # Imported here so `gapline bridge --help` needs neither httpx nor the engine.
-    from gapline.history._engine import Engine
-    from gapline.matrix import MatrixClient, MatrixError
-    from gapline.storage import StorageError, WrongPassphrase
-
     writer = LineWriter(sys.stdout.buffer)
     mirror = Mirror()
     publisher = Publisher([mirror, writer])

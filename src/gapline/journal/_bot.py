@@ -336,7 +336,7 @@ class Bot:
                 device_id=device_id,
                 initial_device_display_name=self.config.device_display_name,
             )
-            journal = store.principal(session.user_id)
+            journal = self.bind(store, session.user_id)
             self.journal, self.client = journal, client
             log.info(
                 "logged in", extra={"user_id": session.user_id, "device_id": session.device_id}
@@ -377,6 +377,14 @@ class Bot:
                 await refetcher.aclose()
                 await hydrator.aclose()
                 log.info("stopped", extra={"user_id": session.user_id})
+
+    def bind(self, store: JournalStore, principal_id: str) -> PrincipalJournal:
+        """The principal-bound journal every collaborator gets a view of.
+
+        A seam for instrumentation (bench/bot.py wraps it to time each
+        transaction); nothing else should need to override it.
+        """
+        return store.principal(principal_id)
 
     async def leave(self, room_id: str) -> None:
         """Leave a room: fence first (one owed report), then ask the server.

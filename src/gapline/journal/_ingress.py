@@ -285,10 +285,7 @@ class Ingress:
         """Sync until cancelled; transient homeserver failures are retried with backoff."""
         since = await self.state.sync_token()
         if since is None:
-            # A first sync never delivers the echo of an earlier local leave: the
-            # reports owed from a lost store would otherwise swallow a real departure.
-            for room_id in await self.journal.rooms_owing_departure_reports():
-                await self.journal.retire_owed_departure_reports(room_id)
+            await self.retire_reports_of_lost_position()
         failures = 0
         while True:
             try:
@@ -314,6 +311,18 @@ class Ingress:
             self._first_sync_done.set()
             if self.on_synced is not None:
                 await self.on_synced()
+
+    async def retire_reports_of_lost_position(self) -> int:
+        """Drop every owed departure report; returns how many.
+
+        Called when there is no sync position: a first sync never delivers the
+        echo of an earlier local leave, so reports owed from before would
+        otherwise swallow the next real departure of those rooms.
+        """
+        retired = 0
+        for room_id in await self.journal.rooms_owing_departure_reports():
+            retired += await self.journal.retire_owed_departure_reports(room_id)
+        return retired
 
     async def process(self, response: SyncResponse, *, initial: bool) -> None:
         rooms = response.rooms

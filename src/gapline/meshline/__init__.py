@@ -40,6 +40,15 @@ from gapline.meshline._client import (
     TimelineItem,
     Transport,
 )
+from gapline.meshline._contacts import (
+    ContactGrant,
+    ContactInvite,
+    GrantAction,
+    select_grant,
+    sign_grant,
+    valid_grant_signers,
+    verify_invite,
+)
 from gapline.meshline._content import (
     BodyFormat,
     BusinessContent,
@@ -137,6 +146,7 @@ from gapline.meshline._timeline import (
 )
 from gapline.meshline._transport_http import SESSION_HEADER, HttpTransport
 from gapline.meshline._transport_ws import Notification, WebSocketTransport
+from gapline.meshline._varint import decode_uvarint, encode_uvarint
 
 __all__ = [
     "CERTIFICATE_MAX_BYTES",
@@ -159,6 +169,8 @@ __all__ = [
     "BodyFormat",
     "BoxTarget",
     "BusinessContent",
+    "ContactGrant",
+    "ContactInvite",
     "ContentEncryption",
     "ContentReference",
     "DecryptionFailed",
@@ -171,6 +183,7 @@ __all__ = [
     "DuplicateRecord",
     "EncryptedPayload",
     "GapState",
+    "GrantAction",
     "HttpTransport",
     "InboundPolicy",
     "InvalidPage",
@@ -220,11 +233,13 @@ __all__ = [
     "check_hash_text",
     "check_message_id",
     "decode_prefixed",
+    "decode_uvarint",
     "decrypt_attachment",
     "decrypt_payload",
     "derive_device_id",
     "device_auth_input",
     "device_verify",
+    "encode_uvarint",
     "encrypt_attachment",
     "encrypt_payload",
     "envelope_digest",
@@ -246,16 +261,20 @@ __all__ = [
     "relay_origin",
     "resolve_reference",
     "seal_message",
+    "select_grant",
     "select_type",
     "sha256_text",
     "sign_device_state",
     "sign_envelope",
+    "sign_grant",
     "unwrap_content_key",
+    "valid_grant_signers",
     "verify_account_auth",
     "verify_certificate",
     "verify_device_auth",
     "verify_device_state",
     "verify_envelope",
+    "verify_invite",
     "wrap_content_key",
     "x25519_shared_secret",
 ]

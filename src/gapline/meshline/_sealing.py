@@ -18,23 +18,36 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import x25519
 
-from gapline.meshline._canonical import NetworkContext, canonical_json, parse_json
+from gapline.meshline._base64 import b64u_encode
+from gapline.meshline._canonical import (
+    NetworkContext,
+    canonical_json,
+    network_bound_bytes,
+    parse_json,
+)
 from gapline.meshline._certificates import DeviceCertificate
 from gapline.meshline._envelope import (
+    ENVELOPE_MAX_BYTES,
     ENVELOPE_TYPE,
     MessageEnvelope,
+    _full_size,
     decrypt_payload,
     encrypt_payload,
     envelope_aad,
     message_aad,
-    sign_envelope,
     verify_envelope,
 )
-from gapline.meshline._errors import BadRequest
+from gapline.meshline._errors import BadRequest, RequestTooLarge
 from gapline.meshline._fields import object_of
 from gapline.meshline._identity import DeviceKeys
-from gapline.meshline._ids import new_message_id
+from gapline.meshline._ids import (
+    check_account_id,
+    check_device_id,
+    check_message_id,
+    new_message_id,
+)
 from gapline.meshline._keybox import (
+    MAX_BOXES,
     MessageHeader,
     MessageKeyBox,
     check_box_set,
@@ -129,7 +142,15 @@ def seal_message(
         raise BadRequest("business object needs a string $type")
     if senders is not None and from_ == to:
         raise BadRequest("sender boxes must be omitted for self-delivery")
-    message_id = new_message_id() if message_id is None else message_id
+    for name, targets in (("recipient", recipients), ("sender", senders or ())):
+        if len({t.device_id for t in targets}) != len(targets) or len(targets) > MAX_BOXES:
+            raise BadRequest(f"{name} boxes: at most {MAX_BOXES} distinct devices")
+    if not recipients or senders == []:
+        raise BadRequest("a box set needs at least one device")
+    check_account_id(from_, context, field="from")
+    check_account_id(to, context, field="to")
+    check_device_id(from_device_id, field="from_device_id")
+    message_id = new_message_id() if message_id is None else check_message_id(message_id)
     created_at = int(time.time()) if created_at is None else created_at
     key: bytes = os.urandom(32) if content_key is None else content_key
     aad = message_aad(
@@ -141,7 +162,8 @@ def seal_message(
         context=context,
     )
     payload = encrypt_payload(canonical_json(dict(content)), key, aad)
-    envelope = sign_envelope(
+    # Built from checked parts, so no re-parse: sign the bound bytes directly.
+    data = network_bound_bytes(
         {
             "$type": ENVELOPE_TYPE,
             "message_id": message_id,
@@ -151,8 +173,18 @@ def seal_message(
             "to": to,
             "payload": payload.to_wire(),
         },
-        device_keys,
         context,
+    )
+    if _full_size(data, context) > ENVELOPE_MAX_BYTES:
+        raise RequestTooLarge("message envelope exceeds 256 KiB")
+    envelope = MessageEnvelope(
+        message_id=message_id,
+        created_at=created_at,
+        from_=from_,
+        from_device_id=from_device_id,
+        to=to,
+        payload=payload,
+        device_signature=b64u_encode(device_keys.sign(data)),
     )
     header = MessageHeader(message_id, created_at, from_, from_device_id)
 
@@ -171,11 +203,6 @@ def seal_message(
 
     recipient_boxes = boxes(recipients, to)
     sender_boxes = None if senders is None else boxes(senders, from_)
-    for name, box_set in (("recipient", recipient_boxes), ("sender", sender_boxes or ())):
-        if len({b.device_id for b in box_set}) != len(box_set) or len(box_set) > 8:
-            raise BadRequest(f"{name} boxes: at most 8 distinct devices")
-    if not recipient_boxes:
-        raise BadRequest("at least one recipient device is needed")
     return SendParams(envelope, recipient_boxes, sender_boxes)
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gapline.meshline._canonical import NetworkContext
+from gapline.meshline import NetworkContext
 
 __all__ = ["DEFAULT_NETWORK_CONTEXT", "RelayConfig", "system_clock"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gapline.meshline._errors import HTTP_STATUS_BY_CODE, JSONRPC_CODE_BY_CODE, MeshlineError
+from gapline.meshline import HTTP_STATUS_BY_CODE, JSONRPC_CODE_BY_CODE, MeshlineError
 
 __all__ = [
     "JSONRPC_INVALID_PARAMS",

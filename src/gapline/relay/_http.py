@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from gapline.meshline._canonical import MAX_SAFE_INTEGER, parse_json
-from gapline.meshline._errors import MeshlineError
+from gapline.meshline import MAX_SAFE_INTEGER, MeshlineError, parse_json
 from gapline.relay._errors import RelayFailure, http_status
 from gapline.relay._methods import Call, SessionMode, token_hash
 from gapline.relay._rpc import invoke

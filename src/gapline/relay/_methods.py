@@ -17,24 +17,24 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gapline.meshline._base64 import b64u_encode
-from gapline.meshline._canonical import MAX_SAFE_INTEGER
-from gapline.meshline._certificates import (
+from gapline.meshline import (
+    MAX_SAFE_INTEGER,
     AccountDeviceState,
-    DeviceCertificate,
-    verify_certificate,
-    verify_device_state,
-)
-from gapline.meshline._envelope import MessageEnvelope, verify_envelope
-from gapline.meshline._errors import MeshlineError
-from gapline.meshline._identity import (
     AccountKey,
+    DeviceCertificate,
+    MeshlineError,
+    MessageEnvelope,
+    check_account_id,
+    check_box_set,
+    check_message_id,
     relay_origin,
     verify_account_auth,
+    verify_certificate,
     verify_device_auth,
+    verify_device_state,
+    verify_envelope,
 )
-from gapline.meshline._ids import check_account_id, check_message_id
-from gapline.meshline._keybox import check_box_set
+from gapline.meshline._base64 import b64u_encode
 from gapline.relay._config import RelayConfig
 from gapline.relay._errors import RelayFailure, failure_from_meshline
 from gapline.relay._timeline_store import (
@@ -405,7 +405,7 @@ class Relay:
             raise failure_from_meshline(exc) from None
         # Records keep the objects exactly as received (unknown fields included).
         raw_recipient = params["recipient_boxes"]
-        raw_sender = params.get("sender_boxes")
+        raw_sender = params.get("sender_boxes") or []
         send = NewSend(
             from_account=envelope.from_,
             to_account=envelope.to,

@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Any
 
-from gapline.meshline._errors import MeshlineError
+from gapline.meshline import MeshlineError
 from gapline.relay._errors import RelayFailure, failure_from_meshline
 from gapline.relay._methods import Call, Method
 from gapline.relay._metrics import RelayMetrics

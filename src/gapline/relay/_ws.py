@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from gapline.meshline._canonical import MAX_SAFE_INTEGER, parse_json
-from gapline.meshline._errors import MeshlineError
+from gapline.meshline import MAX_SAFE_INTEGER, MeshlineError, parse_json
 from gapline.relay._errors import (
     JSONRPC_INVALID_PARAMS,
     JSONRPC_INVALID_REQUEST,

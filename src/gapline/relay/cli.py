@@ -178,8 +178,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from gapline.meshline._canonical import NetworkContext
-    from gapline.meshline._errors import MeshlineError
+    from gapline.meshline import MeshlineError, NetworkContext
     from gapline.relay._config import RelayConfig
     from gapline.relay._server import RelayServer
     from gapline.storage import StorageError

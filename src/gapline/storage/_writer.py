@@ -26,6 +26,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from types import CoroutineType
 from typing import Any, Protocol, TypeVar
 
 from gapline.storage._errors import BackendClosed, OperationalError, StorageError
@@ -66,6 +67,14 @@ class WriterSession(Protocol):
 class ReaderSession(Protocol):
     def run(self, op: Callable[[Any], T]) -> T: ...
     def close(self) -> None: ...
+
+
+def _refuse_coroutine(result: CoroutineType[Any, Any, Any]) -> None:
+    result.close()  # its body never ran, so the transaction holds nothing of it
+    raise TypeError(
+        "a storage operation must be a plain function op(tx) -> T, not an async def: "
+        "it runs on a database thread inside the transaction"
+    )
 
 
 def _resolve(outcomes: list[_Outcome]) -> None:
@@ -176,6 +185,8 @@ class GroupCommitWriter:
             op, fut, _loop = live[0]
             try:
                 result = op(tx)
+                if type(result) is CoroutineType:
+                    _refuse_coroutine(result)
             except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
                 with contextlib.suppress(BaseException):
                     session.rollback()
@@ -198,6 +209,8 @@ class GroupCommitWriter:
                     return
                 try:
                     result = op(tx)
+                    if type(result) is CoroutineType:
+                        _refuse_coroutine(result)
                 except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
                     try:
                         rollback_to()
@@ -285,7 +298,10 @@ class ReaderPool:
             self._local.session = session
             with self._lock:
                 self._sessions.append(session)
-        return session.run(op)
+        result = session.run(op)
+        if type(result) is CoroutineType:
+            _refuse_coroutine(result)
+        return result
 
     async def close(self) -> None:
         """Stop accepting reads, wait for the running ones, close the connections."""

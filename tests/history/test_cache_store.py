@@ -1,0 +1,183 @@
+"""The event cache: index-covered hot queries, durability across reopen, and the rules
+``Sections`` applies (dedup, joins only on overlap, cursors never dropped)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from gapline.history._cache_store import CacheStore
+from gapline.history._sections import Sections, WalkState
+from gapline.history._types import GapLifecycle
+from gapline.history._updates import EventsAdded, GapAdded, GapChanged, GapRemoved
+from gapline.matrix import ClientEvent
+from gapline.storage import KdfParams, open_backend, open_cipher
+
+ROOM = "!room:example.org"
+
+
+def ev(n: int | str, kind: str = "m.room.message") -> ClientEvent:
+    return ClientEvent(
+        event_id=f"$e{n}",
+        type=kind,
+        sender="@a:example.org",
+        origin_server_ts=int(n) if isinstance(n, int) else 0,
+        content={"body": f"b{n}"},
+    )
+
+
+async def open_store(path: Path) -> CacheStore:
+    backend = await open_backend(str(path / "history.sqlite3"))
+    cipher = await open_cipher(backend, "pw", kdf_cost=KdfParams.cheap())
+    return await CacheStore.open(backend, cipher)
+
+
+async def write(store: CacheStore, fn):
+    def op(tx):
+        sections = Sections(store, tx, ROOM)
+        return fn(sections), sections.updates
+
+    return await store.backend.write(op)
+
+
+async def ids(store: CacheStore) -> list[str]:
+    return [e.event_id for e in await store.all_events(ROOM)]
+
+
+async def test_hot_queries_are_index_covered(tmp_path):
+    store = await open_store(tmp_path)
+    await write(
+        store, lambda s: s.ingest_sync([ev(i) for i in range(300)], limited=True, prev_batch="p")
+    )
+    await store.backend.close()
+    db = sqlite3.connect(tmp_path / "history.sqlite3")
+    plans = {
+        "window": "SELECT ord, pos, event, body FROM history_event WHERE room = ?"
+        " ORDER BY ord DESC, pos DESC LIMIT ?",
+        "older": "SELECT ord, pos, event, body FROM history_event WHERE room = ?"
+        " AND (ord, pos) < (?, ?) ORDER BY ord DESC, pos DESC LIMIT ?",
+        "locate": "SELECT event, ord, pos FROM history_event WHERE room = ? AND event IN (?, ?)",
+        "head": "SELECT pos FROM history_event WHERE room = ? AND ord = ? ORDER BY pos LIMIT 1",
+        "gaps": "SELECT gap_id FROM history_gap WHERE room = ? AND newer_ord > ?"
+        " AND newer_ord <= ? ORDER BY newer_ord LIMIT ?",
+    }
+    for name, sql in plans.items():
+        detail = " | ".join(
+            row[3] for row in db.execute("EXPLAIN QUERY PLAN " + sql, [1] * sql.count("?"))
+        )
+        assert "USING PRIMARY KEY" in detail or "USING COVERING INDEX" in detail, (name, detail)
+        assert "TEMP B-TREE" not in detail, (name, detail)
+    db.close()
+
+
+async def test_history_survives_reopen(tmp_path):
+    store = await open_store(tmp_path)
+    await write(
+        store, lambda s: s.ingest_sync([ev(i) for i in range(5)], limited=True, prev_batch="p1")
+    )
+    await write(
+        store,
+        lambda s: s.ingest_sync([ev(i) for i in range(20, 25)], limited=True, prev_batch="p2"),
+    )
+    gaps_before = await store.all_gaps(ROOM)
+    await store.backend.close()
+    store = await open_store(tmp_path)
+    assert await ids(store) == [f"$e{i}" for i in (*range(5), *range(20, 25))]
+    assert await store.all_gaps(ROOM) == gaps_before
+    [top, middle] = gaps_before
+    assert (top.is_top, top.cursor) == (True, "p1")
+    assert (middle.older_boundary, middle.newer_boundary, middle.cursor) == ("$e4", "$e20", "p2")
+    await store.backend.close()
+
+
+async def test_sync_dedups_and_appends_when_not_limited(tmp_path):
+    store = await open_store(tmp_path)
+    await write(store, lambda s: s.ingest_sync([ev(1), ev(2)], limited=False, prev_batch="p"))
+    _, updates = await write(
+        store, lambda s: s.ingest_sync([ev(2), ev(3), ev(3)], limited=False, prev_batch="q")
+    )
+    assert await ids(store) == ["$e1", "$e2", "$e3"]
+    assert [type(u) for u in updates] == [EventsAdded]
+    # A limited sync whose oldest events overlap the newest retained one is continuous.
+    _, updates = await write(
+        store, lambda s: s.ingest_sync([ev(3), ev(4)], limited=True, prev_batch="r")
+    )
+    assert [type(u) for u in updates] == [EventsAdded]
+    assert len(await store.all_gaps(ROOM)) == 1  # just the top
+    await store.backend.close()
+
+
+async def test_walk_fills_then_joins_on_overlap_only(tmp_path):
+    store = await open_store(tmp_path)
+    await write(
+        store, lambda s: s.ingest_sync([ev(i) for i in range(3)], limited=True, prev_batch="p")
+    )
+    await write(
+        store,
+        lambda s: s.ingest_sync([ev(i) for i in range(10, 12)], limited=True, prev_batch="c0"),
+    )
+    [_, gap] = await store.all_gaps(ROOM)
+    # Page 1 (newest first): 9..6, nothing retained: the gap stays, its boundary moves.
+    result, updates = await write(
+        store,
+        lambda s: s.walk_page(WalkState(None, gap.gap_id), [ev(i) for i in range(9, 5, -1)], "c1"),
+    )
+    assert (result.inserted, result.joined, result.start_reached) == (4, False, False)
+    assert [type(u) for u in updates] == [EventsAdded, GapChanged]
+    [_, gap] = await store.all_gaps(ROOM)
+    assert (gap.newer_boundary, gap.cursor) == ("$e6", "c1")
+    # Page 2: 5..3 new, then 2 is retained below: joined, gap removed.
+    result, updates = await write(
+        store, lambda s: s.walk_page(result.state, [ev(i) for i in range(5, 0, -1)], "c2")
+    )
+    assert (result.inserted, result.joined) == (3, True)
+    assert [type(u) for u in updates] == [EventsAdded, GapRemoved]
+    assert await ids(store) == [f"$e{i}" for i in range(12)]
+    assert [g.is_top for g in await store.all_gaps(ROOM)] == [True]
+    await store.backend.close()
+
+
+async def test_walk_reaching_creation_makes_gap_unavailable(tmp_path):
+    store = await open_store(tmp_path)
+    await write(store, lambda s: s.ingest_sync([ev("x")], limited=False, prev_batch=None))
+    await write(store, lambda s: s.ingest_sync([ev(10)], limited=True, prev_batch="c0"))
+    [_, gap] = await store.all_gaps(ROOM)
+    result, _ = await write(
+        store,
+        lambda s: s.walk_page(
+            WalkState(None, gap.gap_id), [ev(9), ev(8, "m.room.create")], "still-a-token"
+        ),
+    )
+    assert result.start_reached and not result.joined
+    [_, gap] = await store.all_gaps(ROOM)
+    assert (gap.lifecycle, gap.cursor) == (GapLifecycle.Unavailable, None)
+    await store.backend.close()
+
+
+async def test_recent_walk_creates_a_section_and_gap_in_one_page(tmp_path):
+    store = await open_store(tmp_path)
+    await write(store, lambda s: s.ingest_sync([ev(1), ev(2)], limited=True, prev_batch="p"))
+    result, updates = await write(
+        store, lambda s: s.walk_page(WalkState(), [ev(i) for i in range(60, 50, -1)], "c1")
+    )
+    assert [type(u) for u in updates] == [EventsAdded, GapAdded]
+    gap = result.gap
+    assert gap is not None and (gap.older_boundary, gap.newer_boundary, gap.cursor) == (
+        "$e2",
+        "$e51",
+        "c1",
+    )
+    # A later recent walk meeting the newest event walks on to that gap: the cursor of a
+    # page that ended above the gap's boundary is not the gap's cursor.
+    result, updates = await write(store, lambda s: s.walk_page(WalkState(), [ev(60)], "z"))
+    assert not result.joined and updates == []
+    assert result.state.anchor == (gap.newer_ord, -9)
+    assert [g.cursor for g in await store.all_gaps(ROOM)] == ["p", "c1"]
+
+
+async def test_recent_walk_meeting_continuous_history_is_done(tmp_path):
+    store = await open_store(tmp_path)
+    await write(store, lambda s: s.ingest_sync([ev(1), ev(2)], limited=True, prev_batch="p"))
+    result, updates = await write(store, lambda s: s.walk_page(WalkState(), [ev(2), ev(1)], "z"))
+    assert result.joined and updates == []
+    await store.backend.close()

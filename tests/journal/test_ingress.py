@@ -1,0 +1,196 @@
+"""Sync ingress: provenance from the sync answer, token after commit, lifecycle rules."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gapline.journal import (
+    STREAM_STATUS_KEY,
+    AdmitOutcome,
+    DepartureOutcome,
+    DepartureSource,
+    EventKind,
+    InboundEvent,
+    Ingress,
+    IngressPolicy,
+    Provenance,
+    RuntimeState,
+)
+from gapline.matrix.testing import FakeHomeserver
+from gapline.storage import Backend, open_backend
+
+BOT = "@bot:example.org"
+
+
+class RecordingJournal:
+    """An AdmissionView + MembershipView that records calls (and can break on demand)."""
+
+    def __init__(self) -> None:
+        self.admitted: list[InboundEvent] = []
+        self.fences: list[tuple[str, DepartureSource]] = []
+        self.fail_on: str | None = None
+        self.owed: dict[str, int] = {}
+
+    @property
+    def principal_id(self) -> str:
+        return BOT
+
+    async def epoch(self, room_id: str) -> int:
+        return 0
+
+    async def admit(self, event: InboundEvent, *, epoch: int) -> AdmitOutcome:
+        if event.event_id == self.fail_on:
+            raise RuntimeError("disk full")
+        if any(e.event_id == event.event_id for e in self.admitted):
+            return AdmitOutcome.DUPLICATE
+        self.admitted.append(event)
+        return AdmitOutcome.ADMITTED
+
+    async def fence_departure(self, room_id: str, *, source: DepartureSource) -> DepartureOutcome:
+        self.fences.append((room_id, source))
+        return DepartureOutcome.ADVANCED
+
+    async def rooms_owing_departure_reports(self, limit: int = 1000) -> tuple[str, ...]:
+        return tuple(self.owed)
+
+    async def retire_owed_departure_reports(self, room_id: str) -> int:
+        return self.owed.pop(room_id, 0)
+
+
+@pytest.fixture
+async def backend(tmp_path: Path) -> AsyncGenerator[Backend]:
+    opened = await open_backend(str(tmp_path / "j.sqlite3"))
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def sync_once(ingress: Ingress, client: Any) -> None:
+    since = await ingress.state.sync_token()
+    response = await client.sync(
+        since=since, timeout_ms=0, filter={"room": {"timeline": {"limit": 5}}}
+    )
+    await ingress.process(response, initial=since is None)
+    await ingress.state.save_sync_token(response.next_batch)
+
+
+def by_id(journal: RecordingJournal) -> dict[str, InboundEvent]:
+    return {e.event_id: e for e in journal.admitted}
+
+
+async def test_provenance_is_what_the_sync_answer_says(backend: Backend) -> None:
+    fake = FakeHomeserver()
+    fake.register("alice")
+    alice = fake.user_id("alice")
+    room = fake.create_room(alice, members=[BOT])
+    before = fake.send_text(alice, room, "before the first sync")
+    journal = RecordingJournal()
+    state = await RuntimeState.open(backend, BOT)
+    async with fake.client(fake.register("bot")) as client:
+        ingress = Ingress(journal, client, state)
+        await sync_once(ingress, client)  # initial: everything is history
+        live = fake.send_text(alice, room, "live")
+        await sync_once(ingress, client)
+        burst = fake.send_messages(alice, room, [f"burst {i}" for i in range(8)])
+        await sync_once(ingress, client)  # more than the limit of 5: limited
+    seen = by_id(journal)
+    assert seen[before].provenance is Provenance.HISTORY
+    assert seen[before].kind is EventKind.CONTEXT_ONLY
+    assert seen[live].provenance is Provenance.LIVE
+    assert seen[live].kind is EventKind.ACTIONABLE
+    delivered = [seen[e] for e in burst if e in seen]
+    assert delivered and all(e.provenance is Provenance.RECOVERED for e in delivered)
+    assert all(e.kind is EventKind.ACTIONABLE for e in delivered)
+
+
+async def test_the_token_moves_only_after_every_event_is_committed(backend: Backend) -> None:
+    fake = FakeHomeserver()
+    fake.register("alice")
+    alice = fake.user_id("alice")
+    room = fake.create_room(alice, members=[BOT])
+    journal = RecordingJournal()
+    state = await RuntimeState.open(backend, BOT)
+    async with fake.client(fake.register("bot")) as client:
+        ingress = Ingress(journal, client, state)
+        await sync_once(ingress, client)
+        token = await state.sync_token()
+        ids = fake.send_messages(alice, room, ["a", "b", "c"])
+        journal.fail_on = ids[1]
+        with pytest.raises(RuntimeError):
+            await sync_once(ingress, client)
+        assert await state.sync_token() == token  # not moved: the batch is redelivered
+        journal.fail_on = None
+        await sync_once(ingress, client)
+    assert [e.event_id for e in journal.admitted if e.event_id in ids] == ids
+
+
+async def test_own_progress_edits_are_never_admitted(backend: Backend) -> None:
+    fake = FakeHomeserver()
+    fake.register("alice")
+    alice = fake.user_id("alice")
+    room = fake.create_room(alice, members=[BOT])
+    journal = RecordingJournal()
+    async with fake.client(fake.register("bot")) as client:
+        ingress = Ingress(journal, client, await RuntimeState.open(backend, BOT))
+        await sync_once(ingress, client)
+        answer = fake.send_text(BOT, room, "…")
+        ids = {}
+        for status in ("streaming", "complete"):
+            ids[status] = fake.send_event(
+                BOT,
+                room,
+                "m.room.message",
+                {
+                    "msgtype": "m.text",
+                    "body": "* x",
+                    "m.new_content": {"msgtype": "m.text", "body": "x", STREAM_STATUS_KEY: status},
+                    "m.relates_to": {"rel_type": "m.replace", "event_id": answer},
+                },
+            )
+        await sync_once(ingress, client)
+    seen = by_id(journal)
+    assert ids["streaming"] not in seen
+    assert ids["complete"] in seen and seen[answer].kind is EventKind.CONTEXT_ONLY
+
+
+async def test_a_reported_leave_is_fenced_once_even_when_redelivered(backend: Backend) -> None:
+    fake = FakeHomeserver()
+    fake.register("alice")
+    alice = fake.user_id("alice")
+    room = fake.create_room(alice, members=[BOT])
+    journal = RecordingJournal()
+    state = await RuntimeState.open(backend, BOT)
+    async with fake.client(fake.register("bot")) as client:
+        ingress = Ingress(journal, client, state)
+        await sync_once(ingress, client)
+        token = await state.sync_token()
+        fake.kick(alice, room, BOT)
+        await sync_once(ingress, client)
+        await state.save_sync_token(token or "")  # as if the crash came before the token
+        await sync_once(ingress, client)
+    assert journal.fences == [(room, DepartureSource.REPORTED)]
+
+
+async def test_a_first_sync_retires_reports_owed_by_a_lost_position(backend: Backend) -> None:
+    fake = FakeHomeserver()
+    journal = RecordingJournal()
+    journal.owed = {"!gone:example.org": 2}
+    async with fake.client(fake.register("bot")) as client:
+        ingress = Ingress(journal, client, await RuntimeState.open(backend, BOT), IngressPolicy())
+        assert await ingress.retire_reports_of_lost_position() == 2
+    assert journal.owed == {}
+
+
+async def test_runtime_state_is_per_principal(backend: Backend) -> None:
+    a = await RuntimeState.open(backend, "@a:x")
+    b = await RuntimeState.open(backend, "@b:x")
+    await a.save_device_id("DEVA")
+    await a.save_sync_token("s1")
+    await a.save_sync_token("s2")
+    assert (await a.device_id(), await a.sync_token()) == ("DEVA", "s2")
+    assert (await b.device_id(), await b.sync_token()) == (None, None)
