@@ -86,6 +86,11 @@ class FakeEngine:
         pub = self.publisher.publish
         match command:
             case OpenRoom(room_id=room):
+                # like the real engine, read the store before the room counts as open:
+                # without the bridge's per-room barrier a pipelined command would
+                # answer RoomNotOpen
+                for _ in range(3):
+                    await asyncio.sleep(0)
                 self.open.add(room)
                 await pub(TimelineReset(room, (E1, GAP, E2)))
                 await pub(RecentHistoryChanged(room, RecentHistoryState.LOADING))
@@ -197,7 +202,7 @@ async def test_open_send_close_then_eof() -> None:
     )
     assert status == 0
     lines = h.lines()
-    # the fake publishes without yielding, so OpenRoom runs to its answer before SendMessage starts
+    # SendMessage and CloseRoom were read while OpenRoom ran: they waited for its answer
     kinds = [next(iter(line["event"])) if "event" in line else line["id"] for line in lines]
     assert kinds[:4] == ["TimelineReset", "RecentHistoryChanged", "RecentHistoryChanged", 1]
     assert lines[0]["event"]["TimelineReset"]["items"][1]["HistoryGap"]["id"] == "gap1"

@@ -181,3 +181,34 @@ async def test_recent_walk_meeting_continuous_history_is_done(tmp_path):
     result, updates = await write(store, lambda s: s.walk_page(WalkState(), [ev(2), ev(1)], "z"))
     assert result.joined and updates == []
     await store.backend.close()
+
+
+async def test_sync_after_a_recent_load_places_older_events_before_shared_ones(tmp_path):
+    """A recent load committed the newest events first; the first (limited) sync then
+    brings older events followed by those same events. The older ones go *before* them,
+    and the sync's prev_batch becomes the cursor of the gap below (the top here)."""
+    store = await open_store(tmp_path)
+    await write(store, lambda s: s.walk_page(WalkState(), [ev(i) for i in range(9, 4, -1)], "w1"))
+    await write(
+        store,
+        lambda s: s.ingest_sync([ev(i) for i in range(1, 10)], limited=True, prev_batch="p"),
+    )
+    assert await ids(store) == [f"$e{i}" for i in range(1, 10)]
+    [top] = await store.all_gaps(ROOM)
+    assert (top.is_top, top.newer_boundary, top.cursor) == (True, "$e1", "p")
+    await store.backend.close()
+
+
+async def test_sync_neighbours_across_a_gap_close_it(tmp_path):
+    store = await open_store(tmp_path)
+    await write(store, lambda s: s.ingest_sync([ev(1), ev(2)], limited=True, prev_batch="p"))
+    await write(store, lambda s: s.ingest_sync([ev(5), ev(6)], limited=True, prev_batch="q"))
+    assert len(await store.all_gaps(ROOM)) == 2
+    # A later sync shows 2, 3, 4, 5 in a row: 3 and 4 fill the gap, which is proven closed.
+    _, updates = await write(
+        store, lambda s: s.ingest_sync([ev(i) for i in range(2, 7)], limited=True, prev_batch="r")
+    )
+    assert await ids(store) == [f"$e{i}" for i in range(1, 7)]
+    assert [g.is_top for g in await store.all_gaps(ROOM)] == [True]
+    assert [type(u) for u in updates] == [EventsAdded, GapChanged, GapRemoved]
+    await store.backend.close()

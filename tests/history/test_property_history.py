@@ -42,7 +42,7 @@ def check_order(ids: list[str], server: list[str], gaps: set[tuple[str, str]]) -
             assert (a, b) in gaps, f"discontinuity {a} -> {b} without a gap"
 
 
-async def scenario(steps: list[tuple[str, int]]) -> None:
+async def scenario(steps: list[tuple[str, int]], race_at_open: bool) -> None:
     fake = FakeHomeserver()
     alice = fake.register("alice")
     room = fake.create_room(alice.user_id, name="p")
@@ -54,9 +54,17 @@ async def scenario(steps: list[tuple[str, int]]) -> None:
                 restart = False
                 async with open_engine(store, client) as h:
                     engine = h.engine
-                    await engine.sync_once()
-                    await engine.execute(OpenRoom(room))
-                    await engine.execute(HistoryRepair(RetryRecent(room)))
+                    if race_at_open:
+                        # The first sync and the room's recent load run at the same time.
+                        async def open_room() -> None:
+                            await engine.execute(OpenRoom(room))
+                            await engine.execute(HistoryRepair(RetryRecent(room)))
+
+                        await asyncio.gather(engine.sync_once(), open_room())
+                    else:
+                        await engine.sync_once()
+                        await engine.execute(OpenRoom(room))
+                        await engine.execute(HistoryRepair(RetryRecent(room)))
                     while steps:
                         kind, n = steps.pop(0)
                         if kind == "send":
@@ -104,6 +112,6 @@ async def scenario(steps: list[tuple[str, int]]) -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@given(st.lists(step, min_size=1, max_size=8))
-def test_random_interleavings_keep_order_and_gaps(steps):
-    asyncio.run(scenario(list(steps)))
+@given(st.lists(step, min_size=1, max_size=8), st.booleans())
+def test_random_interleavings_keep_order_and_gaps(steps, race_at_open):
+    asyncio.run(scenario(list(steps), race_at_open))

@@ -45,6 +45,7 @@ async def running_bot(
     *,
     allow: frozenset[str] = frozenset(),
     handler: Handler = echo,
+    timeline_limit: int = 100,
 ) -> AsyncGenerator[Bot]:
     bot = Bot(
         BotConfig(
@@ -54,6 +55,7 @@ async def running_bot(
             store=store,
             handler=handler,
             allow_inviters=allow,
+            sync_timeline_limit=timeline_limit,
         )
     )
     task = asyncio.create_task(bot.run())

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gapline.journal import JournalStore
-from gapline.storage import open_backend
 from tests.fixtures.synapse import SynapseKit
 from tests.integration.bot_support import (
     answers_by_source,
@@ -52,21 +54,39 @@ async def test_echo_answers_each_of_50_messages_exactly_once(
         assert answer.progress_edits >= 2
         assert answer.final_edits == 1
 
-    # The projection: every answer at its final body, no progress edit ever visible.
-    backend = await open_backend(store)
-    try:
-        journal = (await JournalStore.open(backend)).principal(bot.user_id)
+    # `gapline journal read`: every answer at its final body, no progress edit ever visible.
+    async def projected() -> list[dict[str, Any]] | None:
+        rows = await journal_read_cli(store, bot.user_id, room)
+        mine = [r for r in rows if r["sender"] == bot.user_id]
+        done = len(mine) == 50 and all(str(r["body"]).startswith("echo: message") for r in mine)
+        return rows if done else None
 
-        async def projected() -> bool:
-            page = await journal.read_conversation(room, None, 200)
-            mine = [r for r in page.rows if r.sender == bot.user_id]
-            return len(mine) == 50 and all(r.body.startswith("echo: message") for r in mine)
+    rows = await eventually(projected, what="answers projected at their final body")
+    assert [r["body"] for r in rows if r["sender"] == alice.user_id] == bodies
+    mine = [r for r in rows if r["sender"] == bot.user_id]
+    assert sorted(r["body"] for r in mine) == sorted(f"echo: {b}" for b in bodies)
+    assert all(r["edited"] for r in mine)
+    assert not any("…" in str(r["body"]) for r in rows)
 
-        await eventually(projected, what="answers projected at their final body")
-        page = await journal.read_conversation(room, None, 200)
-        assert [r.body for r in page.rows if r.sender == alice.user_id] == bodies
-        assert sorted(r.body for r in page.rows if r.sender == bot.user_id) == sorted(
-            f"echo: {b}" for b in bodies
-        )
-    finally:
-        await backend.close()
+
+async def journal_read_cli(store: str, principal: str, room: str) -> list[dict[str, Any]]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gapline.cli",
+        "journal",
+        "read",
+        "--store",
+        store,
+        "--principal",
+        principal,
+        "--room",
+        room,
+        "--limit",
+        "200",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    return [json.loads(line) for line in out.decode().splitlines()]

@@ -273,6 +273,16 @@ class JournalContract:
         assert [p.event.event_id for p in rest] == ["$p2", "$p3", "$p4"]
         assert [p.seq for p in first + rest] == sorted(p.seq for p in first + rest)
 
+    async def test_admission_wakes_the_pending_channel(
+        self, bot: PrincipalJournal, journal_backend: Backend
+    ) -> None:
+        updates = aiter(journal_backend.subscribe(bot.pending_channel))
+        await bot.admit(message("$ctx", kind=EventKind.CONTEXT_ONLY), epoch=0)  # never pending
+        await bot.admit(message("$wake"), epoch=0)
+        payload = await asyncio.wait_for(anext(updates), timeout=30)
+        (pending,) = await bot.pending(10)
+        assert payload == str(pending.seq)
+
     async def test_settle_is_terminal(self, bot: PrincipalJournal) -> None:
         await bot.admit(message("$s"), epoch=0)
         assert await bot.settle("$s") is True

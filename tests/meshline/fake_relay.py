@@ -60,12 +60,15 @@ class FakeRelay:
     challenges: dict[str, str] = field(default_factory=dict)
     fail_next: int = 0
     omit_certificates: bool = False
+    clock_offset: int = 0  # this relay's clock minus real time
+    clock_tolerance: int = 60
     calls: list[str] = field(default_factory=list)
     sockets: list[tuple[web.WebSocketResponse, str]] = field(default_factory=list)
     ws_authenticated: asyncio.Event = field(default_factory=asyncio.Event)
     base: str = ""
     ws_url: str = ""
     _runner: web.AppRunner | None = None
+    _pushes: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
     def relay_id(self) -> str:
@@ -123,7 +126,9 @@ class FakeRelay:
         ).decode()
         for ws, owner in list(self.sockets):
             if owner == account and not ws.closed:
-                asyncio.get_running_loop().create_task(ws.send_str(message))
+                task = asyncio.get_running_loop().create_task(ws.send_str(message))
+                self._pushes.add(task)  # keep a reference until sent
+                task.add_done_callback(self._pushes.discard)
 
     # --- methods -----------------------------------------------------------------------------
 
@@ -144,13 +149,18 @@ class FakeRelay:
             self.challenges[nonce] = params["account"]
             return {
                 "nonce": nonce,
-                "created_at": int(time.time()),
-                "expires_at": int(time.time()) + 300,
+                "created_at": int(time.time()) + self.clock_offset,
+                "expires_at": int(time.time()) + self.clock_offset + 300,
             }
         if method == "auth.device.verify":
             account = self.challenges.pop(params["nonce"], None)
             if account is None:
                 raise RelayError("unauthorized", "unknown nonce")
+            if (
+                abs(params["timestamp"] - (int(time.time()) + self.clock_offset))
+                > self.clock_tolerance
+            ):
+                raise RelayError("clock_skew", "timestamp outside tolerance")
             cert = DeviceCertificate.from_wire(params["signer_certificate"])
             device_id = verify_certificate(cert, self.context)
             verify_device_auth(

@@ -221,3 +221,37 @@ async def test_publish_device_state_with_an_account_session(relay: FakeRelay, st
     with pytest.raises(RelayError) as info:  # the account key must derive the challenged account
         await client.publish_device_state(other.key, other.state)
     assert info.value.code == "invalid_signature"
+
+
+async def test_two_relays_one_store_first_copy_wins(store_for) -> None:
+    """One account reads the same message through two relays: it is yielded once."""
+    alice, bob = make_account(), make_account()
+    one = await FakeRelay(TEST_CONTEXT).start()
+    two = await FakeRelay(TEST_CONTEXT).start()
+    try:
+        params = make_send_params(bob, alice, text="everywhere")
+        one.append(params, bob.device(0).certificate)
+        two.append(make_send_params(bob, alice, text="only on two"), bob.device(0).certificate)
+        two.append(params, bob.device(0).certificate)
+        store = await store_for(alice)
+        first = client_for(alice, one, store, ws=False)
+        second = client_for(alice, two, store, ws=False)
+        assert texts(await first.sync()) == ["everywhere"]
+        assert texts(await second.sync()) == ["only on two"]  # the copy on two is a duplicate
+        assert await store.position(one.relay_id) == 0 and await store.position(two.relay_id) == 1
+        assert [m.relay_id for m in await store.messages()] == [one.relay_id, two.relay_id]
+        await first.close()
+        await second.close()
+    finally:
+        await one.stop()
+        await two.stop()
+
+
+async def test_clock_skew_corrected_from_the_challenge(relay: FakeRelay, store_for) -> None:
+    alice, bob = make_account(), make_account()
+    relay.append(make_send_params(bob, alice, text="late clock"), bob.device(0).certificate)
+    relay.clock_offset = 3600  # the relay's clock is an hour ahead of ours
+    client = client_for(alice, relay, await store_for(alice), ws=False)
+    assert texts(await client.sync()) == ["late clock"]
+    assert relay.calls.count("auth.challenge") == 2  # one refused proof, one corrected
+    await client.close()

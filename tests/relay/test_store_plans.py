@@ -71,7 +71,7 @@ def test_head_devices_sends_and_cleanup_use_indexes(tmp_path: Path) -> None:
         "SELECT account, device_id, sequence FROM timeline_visibility WHERE expires_at <= ? LIMIT 10": (
             0,
         ),
-        "SELECT account, sequence FROM timeline_records WHERE expires_at <= ? LIMIT 10": (0,),
+        "DELETE FROM timeline_records WHERE account = ? AND sequence = ?": ("a", 1),
         "SELECT from_account, message_id FROM sends WHERE expires_at <= ? LIMIT 10": (0,),
     }
     for sql, params in checks.items():

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
+import httpx
 import pytest
 import websockets
 
@@ -294,3 +296,73 @@ async def test_metrics_and_health(sqlite_dsn: str) -> None:
         assert "meshline_relay_timeline_appends_total 1.0" in text
         assert "meshline_relay_cleanup_runs_total" in text
         assert "meshline_relay_errors_total" in text
+
+
+async def test_device_state_resolve_signed_fields(sqlite_dsn: str) -> None:
+    async with start_relay(sqlite_dsn) as r:
+        alice = make_account()
+        await r.publish(alice)
+        token = await r.login(alice)
+        resp = await r.http.get(
+            r.url + "/device/state/resolve",
+            params={"account": alice.account, "created_at": "1"},
+            headers={"X-Meshline-Session": token},
+        )
+        assert resp.status_code == 400 and resp.json()["code"] == "bad_request"
+        signed = {"$type": "meshline.device.state.resolve", "account": alice.account}
+        status = await r.call("device.state.resolve", signed, token=token, verb="POST")
+        assert status.status_code == 403 and status.json()["code"] == "forbidden"
+
+
+async def test_session_expiry_is_capped_by_the_device_certificate(sqlite_dsn: str) -> None:
+    async with start_relay(sqlite_dsn, session_ttl=10**9) as r:
+        alice = make_account()
+        await r.publish(alice)
+        challenge = await r.ok("auth.challenge", {"account": alice.account})
+        creds = await r.ok(
+            "auth.device.verify", r.device_verify_params(alice, alice.device(), challenge["nonce"])
+        )
+        assert creds["expires_at"] == alice.device().certificate.expires_at
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+async def test_tls_serves_https_and_binds_the_https_origin(sqlite_dsn: str, tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    async with start_relay(sqlite_dsn, tls_cert=cert, tls_key=key) as r:
+        assert r.url.startswith("https://") and r.ws_url.startswith("wss://")
+        assert r.server.relay.origin == r.url.split("/meshline")[0]
+        async with httpx.AsyncClient(verify=False) as http:  # self-signed test certificate
+            resp = await http.get(r.url + "/relay/info")
+        assert resp.status_code == 200 and resp.json()["relay_id"] == r.relay_id

@@ -41,7 +41,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
@@ -230,45 +230,50 @@ class Bridge:
                 in_flight.add(task)
                 task.add_done_callback(in_flight.discard)
 
-            async for line in self._until_broken(lines):
-                if line is None:
-                    # Nobody reads the answers: stop as for Shutdown, unanswered.
-                    log.info("output closed: shutting down")
-                    tasks.create_task(self._shutdown(None, set(in_flight), answer=False))
-                    break
-                if not line.strip():
-                    continue
-                request = parse_request(line)
-                if request.command is None:
-                    log.info("invalid request: %s", request.error)
-                    self._writer.answer(request.id, Invalid(request.error or "invalid request"))
-                    continue
-                match request.command:
-                    case Shutdown():
-                        # Explicit stop: the engine interrupts what still runs.
-                        log.info("Shutdown requested")
-                        tasks.create_task(self._shutdown(request.id, set(in_flight)))
+            async with contextlib.aclosing(self._until_broken(lines)) as source:
+                async for line in source:
+                    if line is None:
+                        # Nobody reads the answers: stop as for Shutdown, unanswered.
+                        log.info("output closed: shutting down")
+                        tasks.create_task(self._shutdown(None, set(in_flight), answer=False))
                         break
-                    case DumpState():
-                        track(tasks.create_task(self._dump_state(request.id, set(in_flight))))
-                    case command:
-                        room_id = getattr(command, "room_id", None)
-                        before = self._lifecycle.get(room_id) if room_id else None
-                        task = tasks.create_task(self._execute(request.id, command, before))
-                        track(task)
-                        if isinstance(command, OpenRoom | CloseRoom):
-                            self._mark_lifecycle(command.room_id, task)
-            else:
-                # End of input is not a request to interrupt: the commands
-                # already read finish and answer, then the rooms close.
-                log.info("end of input: waiting for %d command(s), then closing", len(in_flight))
-                if in_flight:
-                    await asyncio.wait(set(in_flight))
-                tasks.create_task(self._shutdown(None, set(), answer=False))
+                    if not line.strip():
+                        continue
+                    request = parse_request(line)
+                    if request.command is None:
+                        log.info("invalid request: %s", request.error)
+                        self._writer.answer(request.id, Invalid(request.error or "invalid request"))
+                        continue
+                    match request.command:
+                        case Shutdown():
+                            # Explicit stop: the engine interrupts what still runs.
+                            log.info("Shutdown requested")
+                            tasks.create_task(self._shutdown(request.id, set(in_flight)))
+                            break
+                        case DumpState():
+                            track(tasks.create_task(self._dump_state(request.id, set(in_flight))))
+                        case command:
+                            room_id = getattr(command, "room_id", None)
+                            before = self._lifecycle.get(room_id) if room_id else None
+                            task = tasks.create_task(self._execute(request.id, command, before))
+                            track(task)
+                            if isinstance(command, OpenRoom | CloseRoom):
+                                self._mark_lifecycle(command.room_id, task)
+                else:
+                    # End of input is not a request to interrupt: the commands
+                    # already read finish and answer, then the rooms close.
+                    log.info(
+                        "end of input: waiting for %d command(s), then closing", len(in_flight)
+                    )
+                    if in_flight:
+                        await asyncio.wait(set(in_flight))
+                    tasks.create_task(self._shutdown(None, set(), answer=False))
         log.info("bridge done")
         return 0
 
-    async def _until_broken(self, lines: AsyncIterator[bytes]) -> AsyncIterator[bytes | None]:
+    async def _until_broken(
+        self, lines: AsyncIterator[bytes]
+    ) -> AsyncGenerator[bytes | None, None]:
         """``lines``, then one ``None`` as soon as the output breaks (even mid-wait)."""
         source = aiter(lines)
         broken = asyncio.ensure_future(self._writer.wait_broken())

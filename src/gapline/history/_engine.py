@@ -84,6 +84,7 @@ from gapline.matrix import (
     MatrixProtocolError,
     MatrixUnavailable,
     MessagesResponse,
+    Request,
     SyncResponse,
     UnknownToken,
 )
@@ -530,22 +531,39 @@ class Engine:
         *,
         pause_at_budget: bool = False,
     ) -> WalkOutcome:
-        """Run a walk: fetch each page, commit it, flush it; cancellation becomes an outcome."""
+        """Run a walk: fetch each page, commit it, flush it; cancellation becomes an outcome.
+
+        While a page commits, the next page (the flow's ``prefetch``) is already
+        being fetched, so a walk costs about its round trips; a prefetch the
+        flow does not ask for (the walk ended) is cancelled.
+        """
         assert self.client is not None
         client = self.client
+        ahead: tuple[Request, asyncio.Task[MessagesResponse]] | None = None
         try:
             effect = next(flow)
             while True:
                 try:
                     if isinstance(effect, Fetch):
                         try:
-                            page = await client.request(effect.request, MessagesResponse)
+                            if ahead is not None and ahead[0] == effect.request:
+                                task, ahead = ahead[1], None
+                                page = await task
+                            else:
+                                page = await client.request(effect.request, MessagesResponse)
                         except MatrixError as exc:
                             effect = flow.throw(WalkFailed(describe(exc)))
                             continue
                         effect = flow.send(page)
                     else:
                         assert isinstance(effect, Commit)
+                        if effect.prefetch is not None:
+                            ahead = (
+                                effect.prefetch,
+                                asyncio.ensure_future(
+                                    client.request(effect.prefetch, MessagesResponse)
+                                ),
+                            )
                         then = GapLifecycle.Paused if pause_at_budget and effect.last else None
                         commit = self._walk_commit(room.room_id, state, effect, then)
                         try:
@@ -575,6 +593,11 @@ class Engine:
                     raise AssertionError("a walk must end when it is cancelled") from None
         except StopIteration as stop:
             return stop.value
+        finally:
+            if ahead is not None:
+                ahead[1].cancel()
+                with contextlib.suppress(asyncio.CancelledError, MatrixError):
+                    await ahead[1]
 
     def _walk_commit(
         self, room_id: str, state: WalkState, effect: Commit, then: GapLifecycle | None

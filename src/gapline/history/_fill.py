@@ -49,6 +49,9 @@ class Commit:
     chunk: tuple[ClientEvent, ...]
     end: str | None
     last: bool = False
+    prefetch: Request | None = None
+    """The request the flow will make next unless this page ends the walk: a driver
+    may send it while the page commits (the walk then costs about its fetches)."""
 
 
 class WalkEnd(enum.Enum):
@@ -83,15 +86,19 @@ def backwards_walk(room_id: str, cursor: str | None, *, page_size: int, budget: 
     """Walk back from ``cursor`` (``None``: the room's newest event) for up to ``budget`` pages."""
     pages = events = 0
     seen: set[str] = set() if cursor is None else {cursor}
+
+    def request(start: str | None) -> Request:
+        return api.messages(room_id, from_=start, dir=Direction.BACKWARD, limit=page_size)
+
     try:
         while pages < budget:
-            page = yield Fetch(
-                api.messages(room_id, from_=cursor, dir=Direction.BACKWARD, limit=page_size)
-            )
+            page = yield Fetch(request(cursor))
             assert isinstance(page, MessagesResponse)
             if page.end is not None and page.end in seen:
                 return WalkOutcome(WalkEnd.CursorStalled, pages, events)
-            result = yield Commit(tuple(page.chunk), page.end, last=pages + 1 == budget)
+            last = pages + 1 == budget
+            ahead = None if last or page.end is None else request(page.end)
+            result = yield Commit(tuple(page.chunk), page.end, last=last, prefetch=ahead)
             assert isinstance(result, PageResult)
             pages += 1
             events += result.inserted

@@ -20,6 +20,7 @@ Rules held here (DESIGN.md, "The client engine"):
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -40,6 +41,8 @@ from gapline.matrix import ClientEvent
 from gapline.storage import Tx
 
 __all__ = ["PageResult", "Sections", "WalkState", "new_gap_id"]
+
+log = logging.getLogger("gapline.history")
 
 ROOM_CREATE = "m.room.create"
 
@@ -104,7 +107,16 @@ class Sections:
     def ingest_sync(
         self, events: Sequence[ClientEvent], *, limited: bool, prev_batch: str | None
     ) -> None:
-        """Place one sync's timeline events (oldest first) after the retained ones."""
+        """Place one sync's timeline events (oldest first).
+
+        A sync's timeline is contiguous on the server, so events it shares with
+        retained history place the new ones: a run of new events goes right
+        after the retained event before it in the batch, or right before the
+        retained event after it; two neighbours in the batch that sit on either
+        side of a gap prove that gap closed. With nothing shared, the new events
+        follow the newest retained one (not limited) or open a new section
+        behind a history gap carrying ``prev_batch`` (limited).
+        """
         store, tx, room = self.store, self.tx, self.room
         if not events:
             # Nothing to anchor a gap to: a gap needs an event on its newer side.
@@ -112,12 +124,39 @@ class Sections:
             return
         keys = [self._key(e.event_id) for e in events]
         where = store.locate(tx, room, keys)
-        fresh: list[ClientEvent] = []
+        batch: list[tuple[ClientEvent, bytes]] = []
         seen: set[bytes] = set()
         for event, key in zip(events, keys, strict=True):
-            if key not in where and key not in seen:
+            if key not in seen:
                 seen.add(key)
-                fresh.append(event)
+                batch.append((event, key))
+        shared = [i for i, (_, key) in enumerate(batch) if key in where]
+        if not shared:
+            self._place_unanchored([e for e, _ in batch], limited=limited, prev_batch=prev_batch)
+            return
+        first = shared[0]
+        anchor = where[batch[first][1]]
+        leading = [e for e, _ in batch[:first]]
+        self._place_before(anchor, leading, prev_batch)
+        previous = anchor
+        run: list[ClientEvent] = []
+        for event, key in batch[first + 1 :]:
+            found = where.get(key)
+            if found is None:
+                run.append(event)
+                continue
+            if run:
+                previous = self._place_after(previous, run)
+                run = []
+            self._join_if_adjacent(previous, found)
+            previous = found
+        if run:
+            self._place_after(previous, run)
+
+    def _place_unanchored(
+        self, fresh: list[ClientEvent], *, limited: bool, prev_batch: str | None
+    ) -> None:
+        store, tx, room = self.store, self.tx, self.room
         tail = store.tail(tx, room)
         if tail is None:
             # A room never seen, or with nothing retained: its prev_batch becomes
@@ -125,24 +164,11 @@ class Sections:
             self._emit(EventsAdded(0, 0, tuple(fresh)))
             self._emit(GapAdded(self._top_gap(0, fresh[0].event_id, prev_batch)))
             return
-        if not fresh:
-            # Every event was a duplicate. What precedes the oldest of them is
-            # either retained or already behind a gap; keep the prev_batch on
-            # that gap if it has no cursor of its own (never drop it).
-            first = where[keys[0]]
-            if prev_batch is not None and store.section_head(tx, room, first[0]) == first[1]:
-                gap = store.gap_before(tx, room, first[0])
-                if gap is not None and gap.cursor is None:
-                    self._emit(GapChanged(replace(gap, cursor=prev_batch)))
-            return
-        prefix = 0
-        while prefix < len(keys) and keys[prefix] in where:
-            prefix += 1
-        overlaps_tail = prefix > 0 and where[keys[prefix - 1]] == tail
-        if not limited or overlaps_tail:
+        if not limited:
+            # The sync token proves these follow the previous sync's events.
             self._emit(EventsAdded(tail[0], tail[1] + 1, tuple(fresh)))
             return
-        # Limited and not proven continuous: a new section behind a history gap.
+        # Limited and nothing shared: a new section behind a history gap.
         older = store.event_at(tx, room, tail)
         assert older is not None
         new_ord = tail[0] + 1
@@ -159,6 +185,61 @@ class Sections:
                 )
             )
         )
+
+    def _place_before(self, anchor: Key, run: list[ClientEvent], prev_batch: str | None) -> None:
+        """New events that precede a retained one in the batch, and the prev_batch that
+        walks back from the batch's first event: both belong to the gap below ``anchor``."""
+        store, tx, room = self.store, self.tx, self.room
+        if store.section_head(tx, room, anchor[0]) != anchor[1]:
+            if run:
+                log.warning("sync events before a retained event that has a predecessor; skipped")
+            return  # what precedes the batch is retained: nothing is unknown there
+        gap = store.gap_before(tx, room, anchor[0])
+        if gap is None:
+            if run:
+                log.warning("sync events inside proven-continuous history; skipped")
+            return
+        if run:
+            self._emit(EventsAdded(anchor[0], anchor[1] - len(run), tuple(run)))
+        changed = gap
+        if run:
+            changed = replace(changed, newer_boundary=run[0].event_id)
+        # Never drop a prev_batch: it walks back from the batch's first event, which
+        # is now this gap's newer boundary.
+        if (
+            prev_batch is not None
+            and (run or changed.cursor is None)
+            and changed.lifecycle is not GapLifecycle.Unavailable
+        ):
+            changed = replace(changed, cursor=prev_batch)
+        if changed != gap:
+            self._emit(GapChanged(changed))
+
+    def _place_after(self, previous: Key, run: list[ClientEvent]) -> Key:
+        """New events that follow a retained one in the batch; returns the last one's key."""
+        store, tx, room = self.store, self.tx, self.room
+        if store.section_tail(tx, room, previous[0]) != previous[1]:
+            log.warning("sync events after a retained event that has a successor; skipped")
+            return previous
+        self._emit(EventsAdded(previous[0], previous[1] + 1, tuple(run)))
+        above = store.gap_before(tx, room, previous[0] + 1)
+        if above is not None and above.older_ord == previous[0]:
+            self._emit(GapChanged(replace(above, older_boundary=run[-1].event_id)))
+        return (previous[0], previous[1] + len(run))
+
+    def _join_if_adjacent(self, older: Key, newer: Key) -> None:
+        """Two neighbours of one sync batch on either side of a gap: the gap is closed."""
+        store, tx, room = self.store, self.tx, self.room
+        if newer[0] != older[0] + 1:
+            return
+        gap = store.gap_before(tx, room, newer[0])
+        if (
+            gap is not None
+            and gap.older_ord == older[0]
+            and store.section_tail(tx, room, older[0]) == older[1]
+            and store.section_head(tx, room, newer[0]) == newer[1]
+        ):
+            self._emit(GapRemoved(gap))
 
     def _top_gap(self, ord_: int, newer_boundary: str, cursor: str | None) -> GapRecord:
         return GapRecord(

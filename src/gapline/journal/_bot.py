@@ -81,6 +81,7 @@ class BotConfig:
     allow_inviters: frozenset[str] = frozenset()
     sidecar_limit: int = DEFAULT_SIDECAR_LIMIT
     max_concurrent_turns: int = 32
+    sync_timeline_limit: int = 100
     device_display_name: str = "gapline bot"
 
     def __repr__(self) -> str:  # never print the password
@@ -364,7 +365,10 @@ class Bot:
                 journal,
                 client,
                 state,
-                IngressPolicy(allow_inviters=self.config.allow_inviters),
+                IngressPolicy(
+                    allow_inviters=self.config.allow_inviters,
+                    timeline_limit=self.config.sync_timeline_limit,
+                ),
                 on_admitted=runner.wake,
                 on_synced=synced,
             )

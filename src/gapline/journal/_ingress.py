@@ -9,7 +9,9 @@ Provenance is what the sync answer says, never a local guess (contract 11):
 
 - a timeline event of an incremental sync is ``LIVE``;
 - the timeline of a ``limited`` incremental sync is ``RECOVERED`` (the server
-  says events were left out before it; it is a catch-up, not a live tail);
+  says events were left out before it; it is a catch-up, not a live tail), and
+  so are the left-out events, paged back from its ``prev_batch`` down to the
+  previous sync token (bounded) and admitted before it, oldest first;
 - every timeline event of the first sync (no stored token) is ``HISTORY``: it
   predates this journal, like a page of ``/messages``.
 
@@ -43,7 +45,7 @@ from gapline.journal._types import (
     Provenance,
 )
 from gapline.journal._views import AdmissionView, MembershipView
-from gapline.matrix import ClientEvent, MatrixError, SyncResponse
+from gapline.matrix import ClientEvent, Direction, MatrixError, MessagesResponse, SyncResponse
 from gapline.storage import Backend, Migration
 
 __all__ = [
@@ -241,6 +243,17 @@ class SyncSource(MediaDownloader, Protocol):
         set_presence: str | None = None,
     ) -> SyncResponse: ...
 
+    async def messages(
+        self,
+        room_id: str,
+        *,
+        from_: str | None = None,
+        to: str | None = None,
+        dir: Direction | str = Direction.BACKWARD,
+        limit: int | None = None,
+        filter: str | Mapping[str, Any] | None = None,
+    ) -> MessagesResponse: ...
+
     async def join(self, room_id_or_alias: str, *, via: Sequence[str] = ()) -> str: ...
 
     async def leave(self, room_id: str, *, reason: str | None = None) -> None: ...
@@ -253,6 +266,8 @@ class IngressPolicy:
     allow_inviters: frozenset[str] = frozenset()
     timeline_limit: int = 100
     long_poll_ms: int = 10_000
+    recovery_page_size: int = 100
+    recovery_max_pages: int = 10
 
     def may_invite(self, inviter: str) -> bool:
         return not self.allow_inviters or inviter in self.allow_inviters
@@ -304,7 +319,7 @@ class Ingress:
                 await asyncio.sleep(delay)
                 continue
             failures = 0
-            await self.process(response, initial=since is None)
+            await self.process(response, initial=since is None, since=since)
             # Only now, with every delivered event committed, may the position move.
             await self.state.save_sync_token(response.next_batch)
             since = response.next_batch
@@ -324,16 +339,25 @@ class Ingress:
             retired += await self.journal.retire_owed_departure_reports(room_id)
         return retired
 
-    async def process(self, response: SyncResponse, *, initial: bool) -> None:
+    async def process(
+        self, response: SyncResponse, *, initial: bool, since: str | None = None
+    ) -> None:
         rooms = response.rooms
         for room_id, joined in rooms.join.items():
+            timeline = joined.timeline
             if initial:
                 provenance = Provenance.HISTORY
-            elif joined.timeline.limited:
+            elif timeline.limited:
                 provenance = Provenance.RECOVERED
+                if since is not None and timeline.prev_batch is not None:
+                    # The server says events were left out between `since` and this
+                    # timeline: page them back (bounded) and admit them first, oldest
+                    # first, so receipt order stays the room's order.
+                    gap = await self._recover_gap(room_id, timeline.prev_batch, since)
+                    await self._admit_timeline(room_id, gap, Provenance.RECOVERED)
             else:
                 provenance = Provenance.LIVE
-            await self._admit_timeline(room_id, joined.timeline.events, provenance)
+            await self._admit_timeline(room_id, timeline.events, provenance)
         for room_id, left in rooms.leave.items():
             provenance = Provenance.HISTORY if initial else Provenance.LIVE
             echoes = await self._admit_timeline(room_id, left.timeline.events, provenance)
@@ -344,6 +368,33 @@ class Ingress:
                 await self._reported_departure(room_id, None)
         for room_id, invited in rooms.invite.items():
             await self._invited(room_id, invited.invite_state.events)
+
+    async def _recover_gap(self, room_id: str, prev_batch: str, since: str) -> list[ClientEvent]:
+        """The events a limited sync left out, oldest first, at most a bounded number of pages."""
+        events: list[ClientEvent] = []
+        from_ = prev_batch
+        for _ in range(self.policy.recovery_max_pages):
+            try:
+                page = await self.client.messages(
+                    room_id,
+                    from_=from_,
+                    to=since,
+                    dir=Direction.BACKWARD,
+                    limit=self.policy.recovery_page_size,
+                )
+            except MatrixError as exc:
+                # Sync position must not wait on this: what was not recovered stays
+                # missing, visibly (logged), rather than blocking every other room.
+                log.warning("gap recovery failed", extra={"room_id": room_id, "error": str(exc)})
+                break
+            events.extend(page.chunk)
+            if not page.end:
+                break
+            from_ = page.end
+        else:
+            log.warning("gap recovery stopped at its page budget", extra={"room_id": room_id})
+        events.reverse()
+        return events
 
     def _is_own_departure(self, event: ClientEvent) -> bool:
         return (

@@ -183,6 +183,7 @@ class MeshlineClient:
         self._transport: Transport | None = None
         self._session: SessionCredentials | None = None
         self._ws: WebSocketTransport | None = None
+        self._clock_offset = 0  # relay clock minus ours, learnt from a clock_skew answer
 
     # --- connection -------------------------------------------------------------------------
 
@@ -206,28 +207,39 @@ class MeshlineClient:
         self._session = await self._authenticate(self._transport, relay_origin(endpoint))
 
     async def _authenticate(self, transport: Transport, origin: str) -> SessionCredentials:
-        challenge = await transport.call("auth.challenge", {"account": self.identity.account})
-        if not isinstance(challenge, dict) or not isinstance(challenge.get("nonce"), str):
-            raise TransportError("auth.challenge answered without a nonce")
-        timestamp = int(time.time())
-        payload = device_auth_input(
-            relay_id=self.relay.relay_id,
-            origin=origin,
-            account=self.identity.account,
-            device_id=self.identity.device_id,
-            nonce=challenge["nonce"],
-            timestamp=timestamp,
-        )
-        signature = self.identity.keys.sign(network_bound_bytes(payload, self.identity.context))
-        result = await transport.call(
-            "auth.device.verify",
-            {
-                "nonce": challenge["nonce"],
-                "timestamp": timestamp,
-                "signer_certificate": self.identity.certificate.to_wire(),
-                "device_signature": b64u_encode(signature),
-            },
-        )
+        """Challenge, sign, verify. On ``clock_skew`` retry once with a fresh challenge and a
+        timestamp corrected by the relay clock that challenge exposed (``created_at``)."""
+        for attempt in (0, 1):
+            challenge = await transport.call("auth.challenge", {"account": self.identity.account})
+            if not isinstance(challenge, dict) or not isinstance(challenge.get("nonce"), str):
+                raise TransportError("auth.challenge answered without a nonce")
+            timestamp = int(time.time()) + self._clock_offset
+            payload = device_auth_input(
+                relay_id=self.relay.relay_id,
+                origin=origin,
+                account=self.identity.account,
+                device_id=self.identity.device_id,
+                nonce=challenge["nonce"],
+                timestamp=timestamp,
+            )
+            signature = self.identity.keys.sign(network_bound_bytes(payload, self.identity.context))
+            try:
+                result = await transport.call(
+                    "auth.device.verify",
+                    {
+                        "nonce": challenge["nonce"],
+                        "timestamp": timestamp,
+                        "signer_certificate": self.identity.certificate.to_wire(),
+                        "device_signature": b64u_encode(signature),
+                    },
+                )
+            except RelayError as exc:
+                created = challenge.get("created_at")
+                if exc.code != "clock_skew" or attempt or not isinstance(created, int):
+                    raise
+                self._clock_offset = created - int(time.time())
+                continue
+            break
         return SessionCredentials.from_wire(result, mode="device")
 
     async def close(self) -> None:

@@ -9,6 +9,7 @@ byte. Device keys are Ed25519 (signing) and X25519 (encryption).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -112,12 +113,18 @@ def account_verify(public_key: bytes, data: bytes, signature: bytes) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1024)
+def _ed25519_key(public_key: bytes) -> ed25519.Ed25519PublicKey:
+    """Parsed keys are reused: a timeline page repeats few senders."""
+    return ed25519.Ed25519PublicKey.from_public_bytes(public_key)
+
+
 def device_verify(public_key: bytes, data: bytes, signature: bytes) -> bool:
     """Ed25519 check; any malformed input is simply invalid."""
     if len(public_key) != 32 or len(signature) != 64:
         return False
     try:
-        ed25519.Ed25519PublicKey.from_public_bytes(public_key).verify(signature, data)
+        _ed25519_key(bytes(public_key)).verify(signature, data)
     except (ValueError, _CryptoInvalidSignature):
         return False
     return True

@@ -92,6 +92,11 @@ class Method:
 MethodTable = Mapping[str, Method]
 
 
+_SIGNED_QUERY_FIELDS = frozenset(
+    {"$type", "authorization", "signer_certificate", "created_at", "device_signature"}
+)
+
+
 def _compact(value: Any, *, sort_keys: bool = False) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=sort_keys)
 
@@ -168,7 +173,7 @@ class Relay:
                     "GET",
                     SessionMode.ANY,
                     self.device_state_resolve,
-                    query={"account": "str"},
+                    query={"account": "str", **{f: "str" for f in _SIGNED_QUERY_FIELDS}},
                 ),
                 Method("message.send", "POST", SessionMode.DEVICE, self.message_send),
                 Method(
@@ -293,8 +298,8 @@ class Relay:
                 "device_unknown", "the device is not currently valid for the account"
             )
         self._check_rebind(call, account, "device", device_id)
-        latest = await self.store.latest_certificate_expiry(account) or window[1]
-        expires_at = min(now + self.config.session_ttl, latest)
+        # Capped by this device's certificate in the account's authoritative state.
+        expires_at = min(now + self.config.session_ttl, window[1])
         return await self._issue(
             call, Session(account, "device", device_id, self.origin, expires_at)
         )
@@ -348,8 +353,13 @@ class Relay:
 
     async def device_state_resolve(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         session = _require(call, "any")
-        signed = {"$type", "authorization", "signer_certificate", "created_at", "device_signature"}
-        if call.extra.get("http_verb") == "POST" or signed & params.keys():
+        signed = _SIGNED_QUERY_FIELDS & params.keys()
+        verb = call.extra.get("http_verb")
+        if verb == "GET" and signed:
+            raise RelayFailure("bad_request", "GET does not take signed-query fields; use POST")
+        if verb == "POST" or signed:
+            # Signed queries carry a ContactGrant or ContactInvite, which this relay does not
+            # evaluate; it never falls back to a public query for them.
             raise RelayFailure(
                 "forbidden", "signed (contact-authorized) device-state queries are not offered"
             )

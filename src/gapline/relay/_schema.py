@@ -82,7 +82,8 @@ CREATE TABLE timeline_records (
     envelope       TEXT NOT NULL,
     PRIMARY KEY (account, sequence)
 );
-CREATE INDEX timeline_records_by_expiry ON timeline_records (expires_at);
+-- (No expiry index here: every record has at least one visibility row with the same
+-- deadline, so cleanup finds expired records through timeline_visibility_by_expiry.)
 
 -- Device visibility, fixed at acceptance: one row per (record, device valid then), with that
 -- device's key box. The primary key orders a device's records by sequence (the sync scan).

@@ -94,6 +94,8 @@ class RelayServer:
             if len(self._sessions) > 100_000:
                 self._sessions.clear()
             self._sessions[token_hash] = session
+        if session.origin != self.relay.origin:
+            return None  # a token is valid only at the origin that issued it
         if session.expires_at <= self.config.clock():
             self._sessions.pop(token_hash, None)
             return None

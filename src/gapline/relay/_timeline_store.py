@@ -441,15 +441,6 @@ class TimelineStore:
 
         return await self.backend.read(op)
 
-    async def latest_certificate_expiry(self, account: str) -> int | None:
-        def op(tx: Tx) -> int | None:
-            row = tx.one(
-                "SELECT MAX(expires_at) FROM account_devices WHERE account = ?", (account,)
-            )
-            return None if row is None or row[0] is None else int(row[0])
-
-        return await self.backend.read(op)
-
     # -- challenges and sessions -------------------------------------------------------
 
     async def add_challenge(self, nonce: str, account: str, expires_at: int) -> None:
@@ -631,11 +622,13 @@ def _cleanup_batch(tx: Tx, now: int) -> CleanupReport:
         "DELETE FROM timeline_visibility WHERE account = ? AND device_id = ? AND sequence = ?",
         [(r[0], r[1], r[2]) for r in rows],
     )
-    records = tx.execute(
-        "DELETE FROM timeline_records WHERE (account, sequence) IN ("
-        "SELECT account, sequence FROM timeline_records WHERE expires_at <= ? LIMIT ?)",
-        (now, _CLEANUP_BATCH),
+    # A record is appended only with at least one visibility row, all sharing its deadline,
+    # so the expired rows name every expired record (primary-key deletes).
+    expired_records = sorted({(str(r[0]), int(r[2])) for r in rows})
+    tx.executemany(
+        "DELETE FROM timeline_records WHERE account = ? AND sequence = ?", expired_records
     )
+    records = len(expired_records)
     sends = tx.execute(
         "DELETE FROM sends WHERE (from_account, message_id) IN ("
         "SELECT from_account, message_id FROM sends WHERE expires_at <= ? LIMIT ?)",
@@ -643,4 +636,4 @@ def _cleanup_batch(tx: Tx, now: int) -> CleanupReport:
     )
     tx.execute("DELETE FROM auth_challenges WHERE expires_at <= ?", (now,))
     tx.execute("DELETE FROM sessions WHERE expires_at <= ?", (now,))
-    return CleanupReport(max(records, 0), len(rows), max(sends, 0))
+    return CleanupReport(records, len(rows), max(sends, 0))

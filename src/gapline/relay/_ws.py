@@ -40,6 +40,9 @@ __all__ = ["WsConnection", "ws_handler"]
 
 log = logging.getLogger("gapline.relay")
 
+# How long one outbound message may wait for a slow client before the connection is closed.
+SEND_TIMEOUT = 30.0
+
 _NOTIFY = object()
 _CLOSE = object()
 
@@ -118,6 +121,16 @@ class WsConnection:
             except asyncio.QueueFull:
                 pass  # the writer sends pending notifications after its next message
 
+    async def _send(self, text: str) -> None:
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT):
+                await self.ws.send_str(text)
+        except TimeoutError:
+            # The client has not taken a message for SEND_TIMEOUT seconds: stop holding
+            # resources for it ("try again later").
+            await self.ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"reader too slow")
+            raise ConnectionResetError("websocket reader too slow") from None
+
     async def writer(self) -> None:
         while True:
             item = await self.outbound.get()
@@ -126,13 +139,11 @@ class WsConnection:
             if item is _NOTIFY:
                 self._marker_queued = False
             else:
-                await self.ws.send_str(item)
+                await self._send(item)
             if self._pending and not self._marker_queued:
                 pending, self._pending = self._pending, {}
                 for method, params in pending.items():
-                    await self.ws.send_str(
-                        _dumps({"jsonrpc": "2.0", "method": method, "params": params})
-                    )
+                    await self._send(_dumps({"jsonrpc": "2.0", "method": method, "params": params}))
                     self.server.metrics.notifications.labels(method).inc()
 
     async def answer(self, text: str) -> None:
@@ -251,8 +262,6 @@ def ws_handler(server: RelayServer):
                     await slots.acquire()
                 await conn.outbound.put(_CLOSE)
                 await writer
-        except (ConnectionResetError, asyncio.CancelledError):
-            raise
         except Exception:
             log.debug("websocket connection ended with an error", exc_info=True)
         finally:

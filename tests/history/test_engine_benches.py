@@ -1,0 +1,44 @@
+"""The history benchmarks run (``--quick``) and print the figures they promise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def run_bench(path: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, path, "--quick"], capture_output=True, text=True, timeout=300, check=True
+    )
+    return json.loads(done.stdout)
+
+
+def test_history_open_bench_quick():
+    figures = run_bench("bench/history_open.py")
+    for key in (
+        "open_ms_small",
+        "open_ms_large",
+        "open_ratio",
+        "ingest_events_per_s",
+        "ingest_cpu_events_per_s",
+        "generate_events_per_s",
+    ):
+        assert key in figures, key
+    assert figures["quick"] is True
+
+
+def test_gap_fill_bench_quick():
+    figures = run_bench("bench/gap_fill.py")
+    for key in (
+        "fake_overhead_ms_per_page",
+        "fake_total_ms_per_page",
+        "synapse_fill_ms",
+        "synapse_raw_ms",
+        "synapse_ratio",
+    ):
+        assert key in figures, key

@@ -1,0 +1,49 @@
+"""bench/journal.py runs end to end in its --quick form and reports every figure."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+FIGURES = (
+    "admit_sequential_per_s",
+    "admit_concurrent64_per_s",
+    "settle_sequential_per_s",
+    "settle_concurrent64_per_s",
+    "walk_messages",
+    "walk_seconds",
+    "deep_page_ms",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+async def test_quick_bench_reports_every_figure(postgres_dsn: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(REPO / "bench" / "journal.py"),
+        "--quick",
+        "--no-anchor",
+        "--postgres-dsn",
+        postgres_dsn,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    result = json.loads(out)
+    for backend in ("sqlite", "postgres"):
+        for key in FIGURES:
+            assert key in result[backend], (backend, key)
+    assert result["sqlite"]["walk_messages"] == 5000
+    assert "source" in result["anchor"] and "sqlite" in result["anchor"]
+    assert set(result["targets"]) == {"sqlite", "postgres"}
