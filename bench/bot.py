@@ -89,6 +89,7 @@ class TimedJournal:
     def __init__(self, inner: PrincipalJournal, timings: Timings) -> None:
         self._inner = inner
         self._t = timings
+        self._claimed: set[tuple[str, DeliveryStage]] = set()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -138,6 +139,12 @@ class TimedJournal:
         deliveries = await self._inner.claim(limit)
         ended = time.perf_counter()
         for delivery in deliveries:
+            # A row still in flight is offered again by later claims; only the claim
+            # that first handed it out is part of its latency.
+            key = (delivery.delivery_id, delivery.stage)
+            if key in self._claimed:
+                continue
+            self._claimed.add(key)
             final = delivery.stage is DeliveryStage.FINAL
             self._t.add(delivery.turn_id, started, ended, span="claim_to_ack" if final else None)
             if final:

@@ -6,8 +6,8 @@ Scenarios (each a fresh database, relays run as `gapline relay serve` subprocess
 - ``postgres``: two relay processes on one PostgreSQL database (throwaway cluster from
   the local binaries, fsync on); clients are split between the processes.
 
-In each, ``--clients`` sender clients (own account and device session each, HTTP
-keep-alive) send pre-sealed messages (with sender boxes, so each send appends two
+In each, ``--clients`` sender clients (own account and device session each; first
+over HTTP keep-alive, then again over one WebSocket each) send pre-sealed messages (with sender boxes, so each send appends two
 timeline records) to one shared recipient account as fast as the relay answers. A
 send counts once its HTTP 200 arrived, i.e. after the durable commit. Client-side
 sealing is done before the clock starts.
@@ -130,7 +130,12 @@ class Relay:
 
 
 async def run_relay_scenario(
-    procs: list[RelayProcess], *, clients: int, seconds: float, probe_interval: float
+    procs: list[RelayProcess],
+    *,
+    clients: int,
+    seconds: float,
+    probe_interval: float,
+    transport: str = "http",
 ) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
@@ -174,6 +179,35 @@ async def run_relay_scenario(
                 await relay.call("POST", "message.send", params, tokens[i])
                 done += 1
 
+        async def ws_sender(i: int) -> None:
+            # The same sends as JSON-RPC over one WebSocket per client, one at a time.
+            nonlocal done
+            relay = relays[i % len(relays)]
+            async with http.ws_connect(procs[i % len(procs)].ws_url, max_msg_size=0) as ws:
+                hello = {"account": senders[i].account}
+                await ws.send_json(
+                    {"jsonrpc": "2.0", "id": 0, "method": "auth.challenge", "params": hello}
+                )
+                nonce = json.loads((await ws.receive()).data)["result"]["nonce"]
+                proof = relay.verify_params(senders[i], nonce)
+                await ws.send_json(
+                    {"jsonrpc": "2.0", "id": 1, "method": "auth.device.verify", "params": proof}
+                )
+                assert "result" in json.loads((await ws.receive()).data)
+                for n, params in enumerate(batches[i]):
+                    if time.perf_counter() >= stop_at:
+                        return
+                    await ws.send_str(
+                        f'{{"jsonrpc":"2.0","id":{n + 2},"method":"message.send",'
+                        f'"params":{params.decode()}}}'
+                    )
+                    while True:
+                        msg = json.loads((await ws.receive()).data)
+                        if msg.get("id") == n + 2:
+                            assert "result" in msg, msg
+                            break
+                    done += 1
+
         async def probe() -> None:
             url = procs[0].ws_url
             async with http.ws_connect(url, max_msg_size=0) as ws:
@@ -215,10 +249,11 @@ async def run_relay_scenario(
         stop_at = start + seconds
         async with asyncio.TaskGroup() as tg:
             for i in range(clients):
-                tg.create_task(sender(i))
+                tg.create_task(ws_sender(i) if transport == "ws" else sender(i))
             tg.create_task(probe())
         elapsed = time.perf_counter() - start
         return {
+            "transport": transport,
             "processes": len(procs),
             "clients": clients,
             "sends": done,
@@ -306,35 +341,40 @@ async def main() -> None:
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
+            "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
         },
         "quick": args.quick,
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        log("sqlite: one relay process")
-        with RelayProcess.start(os.path.join(tmp, "relay.db"), extra_args=common) as proc:
-            result["sqlite"] = await run_relay_scenario(
-                [proc],
+
+    async def both(procs: list[RelayProcess], name: str) -> None:
+        figures = {}
+        for transport in ("http", "ws"):
+            log(f"{name}: {len(procs)} relay process(es), sends over {transport}")
+            figures[transport] = await run_relay_scenario(
+                procs,
                 clients=args.clients,
                 seconds=args.seconds,
                 probe_interval=args.probe_interval,
+                transport=transport,
             )
-        log(f"  {result['sqlite']}")
+            log(f"  {figures[transport]}")
+        # The scenario's headline figures are the HTTP ones; WebSocket sends are nested.
+        result[name] = {**figures["http"], "websocket": figures["ws"]}
+
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        RelayProcess.start(os.path.join(tmp, "relay.db"), extra_args=common) as proc,
+    ):
+        await both([proc], "sqlite")
     if not args.no_postgres:
         from gapline.storage.devpostgres import start_cluster
 
-        log("postgres: two relay processes on one database")
         cluster = await asyncio.to_thread(start_cluster)
         try:
             dsn = cluster.create_database()
             first = RelayProcess.start(dsn, extra_args=common)
             with first, RelayProcess.start(dsn, extra_args=common) as second:
-                result["postgres"] = await run_relay_scenario(
-                    [first, second],
-                    clients=args.clients,
-                    seconds=args.seconds,
-                    probe_interval=args.probe_interval,
-                )
-            log(f"  {result['postgres']}")
+                await both([first, second], "postgres")
         finally:
             await asyncio.to_thread(cluster.stop)
     if not args.no_synapse:
@@ -350,11 +390,12 @@ async def main() -> None:
         log(f"  {result['synapse']}")
         syn = result["synapse"].get("sends_per_second")
         if syn:
-            result["sqlite_vs_synapse"] = round(result["sqlite"]["sends_per_second"] / syn, 1)
-            if "postgres" in result:
-                result["postgres_vs_synapse"] = round(
-                    result["postgres"]["sends_per_second"] / syn, 1
-                )
+            for name in ("sqlite", "postgres"):
+                if name in result:
+                    result[f"{name}_vs_synapse"] = round(result[name]["sends_per_second"] / syn, 1)
+                    result[f"{name}_websocket_vs_synapse"] = round(
+                        result[name]["websocket"]["sends_per_second"] / syn, 1
+                    )
     result["targets"] = {"sqlite_sends_per_second": 2000, "times_synapse": 20}
     print(json.dumps(result))
 

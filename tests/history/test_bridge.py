@@ -389,9 +389,9 @@ async def test_stream_lines_reads_a_real_pipe_to_eof() -> None:
     read_fd, write_fd = os.pipe()
     with os.fdopen(read_fd, "rb") as reader:
         with os.fdopen(write_fd, "wb") as writer:
-            writer.write(b'{"id": 1, "command": "Shutdown"}\nsecond\n')
+            writer.write(b'{"id": 1, "command": "Shutdown"}\nsecond\n\ntail')
         got = [line async for line in stream_lines(reader)]
-    assert got == [b'{"id": 1, "command": "Shutdown"}\n', b"second\n"]
+    assert got == [b'{"id": 1, "command": "Shutdown"}\n', b"second\n", b"\n", b"tail"]
 
 
 class ClosingStream(io.BytesIO):
@@ -427,3 +427,32 @@ async def test_a_reader_that_goes_away_stops_the_bridge_without_failing_the_engi
     # the engine ran SendMessage 3 (its publish did not raise), then was shut down
     assert [type(c).__name__ for c in h.engine.executed] == ["OpenRoom", "SendMessage", "Shutdown"]
     assert h.mirror.state.timelines == {}
+
+
+async def test_an_over_long_line_is_answered_and_dropped_without_buffering_it() -> None:
+    from gapline.history._bridge import MAX_LINE
+
+    read_fd, write_fd = os.pipe()
+    huge = b'{"id": 1, "command": {"SendMessage": {"room_id": "!r:x", "body": "' + b"x" * (
+        3 * MAX_LINE
+    )
+
+    def writer_side() -> None:
+        with os.fdopen(write_fd, "wb") as writer:
+            writer.write(b'{"id": 0, "command": "DumpState"}\n')
+            writer.write(huge + b'"}}}\n')
+            writer.write(b'{"id": 2, "command": {"CloseRoom": {"room_id": "!r:x"}}}\n')
+            writer.write(b"x" * (2 * MAX_LINE))  # unterminated at EOF: dropped too
+
+    with os.fdopen(read_fd, "rb") as reader:
+        h = Harness()
+        writing = asyncio.get_running_loop().run_in_executor(None, writer_side)
+        status = await h.bridge.run(stream_lines(reader))
+        await writing
+    assert status == 0
+    answers = [line for line in h.lines() if "answer" in line]
+    assert answers[0] == {"id": 0, "answer": "Ok"}
+    assert answers[1] == {"id": None, "answer": {"Invalid": f"line longer than {MAX_LINE} bytes"}}
+    assert answers[2] == {"id": 2, "answer": "RoomNotOpen"}
+    assert answers[3] == {"id": None, "answer": {"Invalid": f"line longer than {MAX_LINE} bytes"}}
+    assert len(answers) == 4

@@ -212,3 +212,38 @@ async def test_sync_neighbours_across_a_gap_close_it(tmp_path):
     assert [g.is_top for g in await store.all_gaps(ROOM)] == [True]
     assert [type(u) for u in updates] == [EventsAdded, GapChanged, GapRemoved]
     await store.backend.close()
+
+
+async def test_cache_on_both_backends(backend):
+    """The same cache rules on SQLite and PostgreSQL (the ``backend`` fixture)."""
+    cipher = await open_cipher(backend, "pw", kdf_cost=KdfParams.cheap())
+    store = await CacheStore.open(backend, cipher)
+    await write(
+        store, lambda s: s.ingest_sync([ev(i) for i in range(3)], limited=True, prev_batch="p")
+    )
+    await write(
+        store,
+        lambda s: s.ingest_sync([ev(i) for i in range(10, 12)], limited=True, prev_batch="c0"),
+    )
+    [_, gap] = await store.all_gaps(ROOM)
+    result, _ = await write(
+        store,
+        lambda s: s.walk_page(WalkState(None, gap.gap_id), [ev(i) for i in range(9, 5, -1)], "c1"),
+    )
+    assert not result.joined
+    window = await store.load_window(ROOM, 100)
+    assert [e.event_id for e in window.events] == [f"$e{i}" for i in (0, 1, 2, 6, 7, 8, 9, 10, 11)]
+    assert [(g.older_boundary, g.newer_boundary, g.cursor) for g in window.gaps] == [
+        ("$e2", "$e6", "c1")
+    ]
+    older = await store.load_older(ROOM, window.events[3].key, 2)
+    assert [e.event_id for e in older.events] == ["$e1", "$e2"]
+    result, _ = await write(
+        store, lambda s: s.walk_page(result.state, [ev(5), ev(4), ev(3), ev(2)], "c2")
+    )
+    assert result.joined
+    assert await ids(store) == [f"$e{i}" for i in range(12)]
+    await write(store, lambda s: s.set_receipts({"@b:x": "$e3"}, "$e4"))
+    assert (await store.load_window(ROOM, 5)).receipts == {"@b:x": "$e3"}
+    await backend.write(lambda tx: store.put_sync_token(tx, "s9"))
+    assert await store.sync_token() == "s9"

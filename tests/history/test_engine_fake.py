@@ -9,9 +9,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from gapline.history import Cancel as CancelCmd
 from gapline.history import (
     CloseRoom,
     Continuity,
+    EventItem,
     EventNotFound,
     Failed,
     FillGap,
@@ -30,10 +32,8 @@ from gapline.history import (
     RoomNotOpen,
     SendMessage,
     Shutdown,
-    TimelineChanged,
     TimelineReset,
 )
-from gapline.history import Cancel as CancelCmd
 from gapline.history._cache_store import CacheStore
 from gapline.matrix import SyncResponse
 from gapline.matrix.testing import FakeHomeserver
@@ -410,7 +410,8 @@ async def test_cancel_during_fill_keeps_committed_pages_after_restart(tmp_path, 
         fake.stall("messages", 5.0, on_call=2)
         before = messages_requests(fake)
         fill = asyncio.create_task(h.engine.execute(HistoryRepair(FillGap(room, gap_id))))
-        while messages_requests(fake) < before + 2:  # page 1 committed, page 2 stalls
+        # page 1 committed, page 2 stalls (the fake offers no event to wait on)
+        while messages_requests(fake) < before + 2:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         assert await h.engine.execute(HistoryRepair(CancelCmd(room))) == Ok()
         assert await fill == Interrupted()
@@ -474,7 +475,8 @@ async def test_answers_for_rooms_not_open_unknown_and_invalid(tmp_path, fake, al
         assert await h.engine.execute(HistoryRepair(FillGap(room, "gap-x"))) == EventNotFound()
         assert await h.engine.execute(SendMessage(room, "hello")) == Ok()
         await h.engine.sync_once()
-        assert h.engine.timeline(room).state.items[-1].body == "hello"  # type: ignore[union-attr]
+        last = h.engine.timeline(room).state.items[-1]
+        assert isinstance(last, EventItem) and last.body == "hello"
         assert await h.engine.execute(Shutdown()) == Ok()
         assert h.recorder.recent(room)[-1] is RecentHistoryKind.Idle
 
@@ -553,3 +555,33 @@ async def test_store_is_encrypted_at_rest(tmp_path, fake, alice):
         assert "a very recognisable body" in bodies
     finally:
         await backend.close()
+
+
+@pytest.mark.parametrize(
+    ("install", "words"),
+    [
+        pytest.param(lambda f: f.fail("messages", status=503, times=None), "unavailable", id="5xx"),
+        pytest.param(lambda f: f.timeout("messages", times=None), "unavailable", id="timeout"),
+        pytest.param(lambda f: f.malformed("messages", times=None), "cannot read", id="malformed"),
+        pytest.param(lambda f: f.unknown_token("messages", times=None), "log in", id="token"),
+    ],
+)
+async def test_recent_load_faults_are_readable_and_lose_nothing(
+    tmp_path, fake, alice, install, words
+):
+    room = fake.create_room(alice.user_id, name="r")
+    fake.send_messages(alice.user_id, room, [f"m{i}" for i in range(30)])
+    await retain_all(tmp_path, fake, alice, room)
+    fake.send_messages(alice.user_id, room, [f"n{i}" for i in range(30)])
+    async with client_for(fake, alice) as client, open_engine(tmp_path, client) as h:
+        install(fake)
+        await h.engine.execute(OpenRoom(room))
+        answer = await h.engine.execute(HistoryRepair(RetryRecent(room)))
+        assert isinstance(answer, Failed) and words in answer.message
+        state = h.mirror.state.recent(room)
+        assert state.kind is RecentHistoryKind.Failed and state.message == answer.message
+        retained = event_ids(h.engine.timeline(room).state.items)
+        assert retained == fake.event_ids(room)[-30 - len(retained) : -30]
+        fake.clear_faults()
+        assert await h.engine.execute(HistoryRepair(RetryRecent(room))) == Ok()
+        assert event_ids(h.engine.timeline(room).state.items)[-30:] == fake.event_ids(room)[-30:]

@@ -4,7 +4,7 @@ with a mirror and a queue attached, and readers of its timeline."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,7 +73,7 @@ async def open_engine(
     config: EngineConfig | None = None,
     sync_timeline_limit: int | None = 10,
     **kwargs: Any,
-) -> AsyncIterator[Harness]:
+) -> AsyncGenerator[Harness]:
     mirror, recorder, queue = Mirror(), Recorder(), EventQueue()
     publisher = Publisher([mirror, recorder, queue])
     kwargs.setdefault("sync", False)

@@ -43,7 +43,12 @@ async def test_sync_loop_delivers_live_events_receipts_and_read_marker(tmp_path)
             await client.set_read_markers(room, fully_read=target)
             while True:
                 items = h.engine.timeline(room).state.items
-                if isinstance(items[-1], ReadMarkerItem) and items[-2].receipts:  # type: ignore[union-attr]
+                row = items[-2]
+                if (
+                    isinstance(items[-1], ReadMarkerItem)
+                    and isinstance(row, EventItem)
+                    and row.receipts
+                ):
                     break
                 await h.engine.wait_synced(count + 1)
                 count = h.engine.sync_count

@@ -5,6 +5,7 @@ discontinuity as a gap (against the in-memory fake homeserver)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import tempfile
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def check_order(ids: list[str], server: list[str], gaps: set[tuple[str, str]]) -
     assert len(ids) == len(set(ids)), "duplicate events"
     positions = [index[i] for i in ids]
     assert positions == sorted(positions), "order differs from the server's"
-    for a, b in zip(ids, ids[1:], strict=False):
+    for a, b in itertools.pairwise(ids):
         if index[b] != index[a] + 1:
             assert (a, b) in gaps, f"discontinuity {a} -> {b} without a gap"
 
@@ -56,7 +57,7 @@ async def scenario(steps: list[tuple[str, int]], race_at_open: bool) -> None:
                     engine = h.engine
                     if race_at_open:
                         # The first sync and the room's recent load run at the same time.
-                        async def open_room() -> None:
+                        async def open_room(engine=engine) -> None:
                             await engine.execute(OpenRoom(room))
                             await engine.execute(HistoryRepair(RetryRecent(room)))
 

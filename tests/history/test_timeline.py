@@ -84,7 +84,8 @@ async def test_rows_from_window_and_updates_replay_exactly():
     )
     reset = timeline.reset(window, limit=100)
     assert kinds(reset.items) == ["$e1", "marker", "$e2", "gap:Idle", "$e10"]
-    assert reset.items[2].receipts == ("@b:x",)  # type: ignore[union-attr]
+    marked = reset.items[2]
+    assert isinstance(marked, EventItem) and marked.receipts == ("@b:x",)
     assert isinstance(reset.items[1], ReadMarkerItem)
     timeline.queue(
         [

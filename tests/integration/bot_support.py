@@ -46,6 +46,7 @@ async def running_bot(
     allow: frozenset[str] = frozenset(),
     handler: Handler = echo,
     timeline_limit: int = 100,
+    sidecar_limit: int = 16_000,
 ) -> AsyncGenerator[Bot]:
     bot = Bot(
         BotConfig(
@@ -56,6 +57,7 @@ async def running_bot(
             handler=handler,
             allow_inviters=allow,
             sync_timeline_limit=timeline_limit,
+            sidecar_limit=sidecar_limit,
         )
     )
     task = asyncio.create_task(bot.run())

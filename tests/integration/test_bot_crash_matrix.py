@@ -65,6 +65,26 @@ def stop(process: subprocess.Popen[bytes]) -> int:
 async def test_sigkill_at_boundary_then_restart(
     boundary: str, store_dsn: str, synapse_kit: SynapseKit, tmp_path: Path
 ) -> None:
+    await crash_and_restart(boundary, store_dsn, synapse_kit, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "boundary",
+    [
+        f"{FaultPoint.AFTER_CLAIM_BEFORE_SEND.value}@initial",
+        f"{FaultPoint.AFTER_SEND_BEFORE_ACKNOWLEDGEMENT.value}@initial",
+    ],
+)
+async def test_sigkill_around_the_placeholder_then_restart(
+    boundary: str, synapse_kit: SynapseKit, tmp_path: Path
+) -> None:
+    """The INITIAL stage too: a resent placeholder collapses onto the first one."""
+    await crash_and_restart(boundary, str(tmp_path / "journal.sqlite3"), synapse_kit, tmp_path)
+
+
+async def crash_and_restart(
+    boundary: str, store_dsn: str, synapse_kit: SynapseKit, tmp_path: Path
+) -> None:
     alice = await synapse_kit.user("alice")
     bot = await make_bot_user(synapse_kit)
     room = await synapse_kit.room(alice)

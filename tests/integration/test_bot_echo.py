@@ -90,3 +90,41 @@ async def journal_read_cli(store: str, principal: str, room: str) -> list[dict[s
     out, err = await process.communicate()
     assert process.returncode == 0, err.decode()
     return [json.loads(line) for line in out.decode().splitlines()]
+
+
+async def test_a_long_answer_travels_as_a_sidecar_through_synapse_media(
+    synapse_kit: SynapseKit, tmp_path: Path
+) -> None:
+    alice = await synapse_kit.user("alice")
+    bot = await make_bot_user(synapse_kit)
+    store = str(tmp_path / "journal.sqlite3")
+    room = await synapse_kit.room(alice)
+    body = "a long line of text " * 20
+    async with (
+        running_bot(synapse_kit.base_url, bot.user_id, store, sidecar_limit=100) as running,
+        synapse_kit.client(alice) as client,
+    ):
+        assert running.journal is not None
+        journal = running.journal
+        await client.invite(room, bot.user_id)
+        await wait_joined(client, room, bot.user_id)
+        (source,) = await synapse_kit.send_messages(alice, room, [body])
+
+        async def projected() -> bool:
+            turn = await journal.turn(source)
+            if turn is None or turn.final_event_id is None or turn.initial_event_id is None:
+                return False
+            row = await journal.message(room, turn.initial_event_id)
+            return row is not None and row.body == f"echo: {body}"
+
+        await eventually(projected, what="the full text resolved from the sidecar")
+        events = await room_events(client, room)
+    (final,) = [
+        e
+        for e in events
+        if e.sender == bot.user_id
+        and e.content.get("m.new_content", {}).get("io.gapline.stream_status") == "complete"
+    ]
+    visible = final.content["m.new_content"]
+    assert visible["body"] != f"echo: {body}"  # what other clients show: the preview
+    assert visible["io.gapline.sidecar"]["url"].startswith("mxc://")

@@ -121,20 +121,22 @@ async def test_reopen_after_300_messages_leaves_one_gap_that_survives_restart(
             gap_id = gaps[0].id
     assert at_reset == [0]  # the reset was out before any request completed
     assert event_ids(reset.items) == truth[-300 - len(event_ids(reset.items)) : -300]
-    async with synapse_kit.client(alice, retry=NO_RETRY) as client:
-        async with open_engine(tmp_path, client) as h:
-            middle = [g for g in await h.engine.store.all_gaps(room) if not g.is_top]
-            assert [g.gap_id for g in middle] == [gap_id]
-            await h.engine.execute(OpenRoom(room))
-            await h.engine.execute(HistoryRepair(Cancel(room)))
-            await h.engine.execute(PaginateBackwards(room, 150))
-            assert [g.id for g in gap_rows(h.engine.timeline(room).state.items)] == [gap_id]
-            # Filling it takes two FillGaps (100 missing, well within 4 pages each).
-            assert await h.engine.execute(HistoryRepair(FillGap(room, gap_id))) == Ok()
-            report = h.recorder.reports()[-1]
-            assert report.phase is RepairPhase.Ready and report.events == 100
-            await h.engine.execute(PaginateBackwards(room, 500))
-            assert event_ids(h.engine.timeline(room).state.items) == truth
+    async with (
+        synapse_kit.client(alice, retry=NO_RETRY) as client,
+        open_engine(tmp_path, client) as h,
+    ):
+        middle = [g for g in await h.engine.store.all_gaps(room) if not g.is_top]
+        assert [g.gap_id for g in middle] == [gap_id]
+        await h.engine.execute(OpenRoom(room))
+        await h.engine.execute(HistoryRepair(Cancel(room)))
+        await h.engine.execute(PaginateBackwards(room, 150))
+        assert [g.id for g in gap_rows(h.engine.timeline(room).state.items)] == [gap_id]
+        # Filling it takes two FillGaps (100 missing, well within 4 pages each).
+        assert await h.engine.execute(HistoryRepair(FillGap(room, gap_id))) == Ok()
+        report = h.recorder.reports()[-1]
+        assert report.phase is RepairPhase.Ready and report.events == 100
+        await h.engine.execute(PaginateBackwards(room, 500))
+        assert event_ids(h.engine.timeline(room).state.items) == truth
 
 
 async def test_fewer_new_messages_than_one_recent_load_join_without_gap(tmp_path, synapse_kit):
@@ -159,30 +161,32 @@ async def test_limited_sync_holes_regressions(tmp_path, synapse_kit):
     alice = await synapse_kit.user("alice")
     room = await synapse_kit.room(alice, name="history")
     await synapse_kit.send_messages(alice, room, [f"m {i}" for i in range(30)])
-    async with synapse_kit.client(alice, retry=NO_RETRY) as client:
-        async with open_engine(tmp_path, client, sync_timeline_limit=5) as h:
-            first = await h.engine.sync_once()
-            timeline = first.rooms.join[room].timeline
-            assert timeline.limited and timeline.prev_batch
-            [top] = await h.engine.store.all_gaps(room)
-            assert top.is_top and top.cursor == timeline.prev_batch
-            newest = timeline.events[-1].event_id
-            await synapse_kit.send_messages(alice, room, [f"n {i}" for i in range(20)])
-            second = await h.engine.sync_once()
-            timeline = second.rooms.join[room].timeline
-            assert timeline.limited
-            middle = [g for g in await h.engine.store.all_gaps(room) if not g.is_top]
-            assert len(middle) == 1
-            assert middle[0].cursor == timeline.prev_batch
-            assert middle[0].older_boundary == newest
-            assert middle[0].newer_boundary == timeline.events[0].event_id
-            # The recorded cursor really walks the hidden interval: fill it and compare.
-            await h.engine.execute(OpenRoom(room))
-            await h.engine.execute(HistoryRepair(Cancel(room)))
-            assert await h.engine.execute(HistoryRepair(FillGap(room, middle[0].gap_id))) == Ok()
-            assert h.recorder.reports()[-1].continuity is Continuity.Verified
-            truth = await server_history(client, room)
-            assert event_ids(h.engine.timeline(room).state.items) == truth[-25:]
+    async with (
+        synapse_kit.client(alice, retry=NO_RETRY) as client,
+        open_engine(tmp_path, client, sync_timeline_limit=5) as h,
+    ):
+        first = await h.engine.sync_once()
+        timeline = first.rooms.join[room].timeline
+        assert timeline.limited and timeline.prev_batch
+        [top] = await h.engine.store.all_gaps(room)
+        assert top.is_top and top.cursor == timeline.prev_batch
+        newest = timeline.events[-1].event_id
+        await synapse_kit.send_messages(alice, room, [f"n {i}" for i in range(20)])
+        second = await h.engine.sync_once()
+        timeline = second.rooms.join[room].timeline
+        assert timeline.limited
+        middle = [g for g in await h.engine.store.all_gaps(room) if not g.is_top]
+        assert len(middle) == 1
+        assert middle[0].cursor == timeline.prev_batch
+        assert middle[0].older_boundary == newest
+        assert middle[0].newer_boundary == timeline.events[0].event_id
+        # The recorded cursor really walks the hidden interval: fill it and compare.
+        await h.engine.execute(OpenRoom(room))
+        await h.engine.execute(HistoryRepair(Cancel(room)))
+        assert await h.engine.execute(HistoryRepair(FillGap(room, middle[0].gap_id))) == Ok()
+        assert h.recorder.reports()[-1].continuity is Continuity.Verified
+        truth = await server_history(client, room)
+        assert event_ids(h.engine.timeline(room).state.items) == truth[-25:]
 
 
 async def make_gap(h, synapse_kit, alice, room: str, missing: int) -> str:
@@ -247,44 +251,46 @@ async def test_gap_reaching_room_creation_is_unavailable_and_refills_at_once(tmp
     room = await synapse_kit.room(alice, name="history")
     await synapse_kit.send_messages(alice, room, [f"m {i}" for i in range(30)])
     traffic = Traffic()
-    async with synapse_kit.client(alice, retry=NO_RETRY, transport=traffic) as client:
-        async with open_engine(tmp_path, client) as h:
-            # An older section Synapse will never serve: the walk must end at m.room.create.
-            ghost = {
-                "event_id": "$ghost",
-                "type": "m.room.message",
-                "sender": alice.user_id,
-                "origin_server_ts": 1,
-                "content": {"body": "ghost"},
-            }
-            await h.engine.ingest(
-                msgspec.convert(
-                    {
-                        "next_batch": "x",
-                        "rooms": {"join": {room: {"timeline": {"events": [ghost]}}}},
-                    },
-                    SyncResponse,
-                )
+    async with (
+        synapse_kit.client(alice, retry=NO_RETRY, transport=traffic) as client,
+        open_engine(tmp_path, client) as h,
+    ):
+        # An older section Synapse will never serve: the walk must end at m.room.create.
+        ghost = {
+            "event_id": "$ghost",
+            "type": "m.room.message",
+            "sender": alice.user_id,
+            "origin_server_ts": 1,
+            "content": {"body": "ghost"},
+        }
+        await h.engine.ingest(
+            msgspec.convert(
+                {
+                    "next_batch": "x",
+                    "rooms": {"join": {room: {"timeline": {"events": [ghost]}}}},
+                },
+                SyncResponse,
             )
-            response = await h.engine.sync_once(initial=True)
-            assert response.rooms.join[room].timeline.limited
-            await h.engine.execute(OpenRoom(room))
-            await h.engine.execute(HistoryRepair(Cancel(room)))
-            [gap] = gap_rows(h.engine.timeline(room).state.items)
-            assert await h.engine.execute(HistoryRepair(FillGap(room, gap.id))) == Ok()
-            settled = h.recorder.reports()[-1]
-            assert settled.phase is RepairPhase.Paused
-            assert settled.stop is RepairStop.HistoryUnavailable
-            assert settled.continuity is Continuity.AccessibleStart
-            [row] = gap_rows(h.engine.timeline(room).state.items)
-            assert row.lifecycle is GapLifecycle.Unavailable
-            truth = await server_history(client, room)
-            assert event_ids(h.engine.timeline(room).state.items) == ["$ghost", *truth]
-            started = traffic.messages_started
-            assert await h.engine.execute(HistoryRepair(FillGap(room, gap.id))) == Ok()
-            again = h.recorder.reports()[-1]
-            assert (again.pages, again.events, again.stop) == (0, 0, RepairStop.HistoryUnavailable)
-            assert traffic.messages_started == started
+        )
+        response = await h.engine.sync_once(initial=True)
+        assert response.rooms.join[room].timeline.limited
+        await h.engine.execute(OpenRoom(room))
+        await h.engine.execute(HistoryRepair(Cancel(room)))
+        [gap] = gap_rows(h.engine.timeline(room).state.items)
+        assert await h.engine.execute(HistoryRepair(FillGap(room, gap.id))) == Ok()
+        settled = h.recorder.reports()[-1]
+        assert settled.phase is RepairPhase.Paused
+        assert settled.stop is RepairStop.HistoryUnavailable
+        assert settled.continuity is Continuity.AccessibleStart
+        [row] = gap_rows(h.engine.timeline(room).state.items)
+        assert row.lifecycle is GapLifecycle.Unavailable
+        truth = await server_history(client, room)
+        assert event_ids(h.engine.timeline(room).state.items) == ["$ghost", *truth]
+        started = traffic.messages_started
+        assert await h.engine.execute(HistoryRepair(FillGap(room, gap.id))) == Ok()
+        again = h.recorder.reports()[-1]
+        assert (again.pages, again.events, again.stop) == (0, 0, RepairStop.HistoryUnavailable)
+        assert traffic.messages_started == started
 
 
 async def test_room_busy_and_cancel_during_fill_keeps_pages_across_restart(tmp_path, synapse_kit):
@@ -307,7 +313,7 @@ async def test_room_busy_and_cancel_during_fill_keeps_pages_across_restart(tmp_p
             # Overlaps with a running fill, then Cancel it after its first page.
             started = traffic.messages_started
             fill = asyncio.create_task(h.engine.execute(HistoryRepair(FillGap(room, gap.id))))
-            while traffic.messages_started < started + 2:
+            while traffic.messages_started < started + 2:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
             assert await h.engine.execute(HistoryRepair(RetryRecent(room))) == RoomBusy()
             assert await h.engine.execute(HistoryRepair(FillGap(room, gap.id))) == RoomBusy()
@@ -317,9 +323,11 @@ async def test_room_busy_and_cancel_during_fill_keeps_pages_across_restart(tmp_p
             assert (report.stop, report.pages) == (RepairStop.Cancelled, 1)
             kept = event_ids(h.engine.timeline(room).state.items)
             assert_mirror_matches(h, room)
-    async with synapse_kit.client(alice, retry=NO_RETRY) as client:
-        async with open_engine(tmp_path, client) as h:
-            stored = [e.event_id for e in await h.engine.store.all_events(room)]
-            assert set(kept) <= set(stored)
-            [row] = [g for g in await h.engine.store.all_gaps(room) if not g.is_top]
-            assert (row.gap_id, row.lifecycle) == (gap.id, GapLifecycle.Paused)
+    async with (
+        synapse_kit.client(alice, retry=NO_RETRY) as client,
+        open_engine(tmp_path, client) as h,
+    ):
+        stored = [e.event_id for e in await h.engine.store.all_events(room)]
+        assert set(kept) <= set(stored)
+        [row] = [g for g in await h.engine.store.all_gaps(room) if not g.is_top]
+        assert (row.gap_id, row.lifecycle) == (gap.id, GapLifecycle.Paused)

@@ -9,6 +9,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+
 from gapline.journal import (
     SIDECAR_KEY,
     STREAM_STATUS_KEY,
@@ -24,7 +26,7 @@ from gapline.journal import (
     TurnState,
     echo,
 )
-from gapline.matrix import ClientEvent
+from gapline.matrix import ClientEvent, UnknownToken
 from gapline.matrix.testing import FakeHomeserver
 
 T = TypeVar("T")
@@ -238,3 +240,59 @@ async def test_a_failing_handler_leaves_the_event_pending(tmp_path: Path) -> Non
         assert source in pending
         turn = await journal.turn(source)
         assert turn is not None and turn.state is TurnState.OPEN
+
+
+async def test_a_handler_reads_the_conversation_of_its_message(tmp_path: Path) -> None:
+    fake = FakeHomeserver()
+    fake.register("alice")
+    alice = fake.user_id("alice")
+    room = fake.create_room(alice)
+    seen: list[list[str]] = []
+
+    async def recall(conversation: Conversation, message: TriggerMessage) -> HandlerStream:
+        rows = await conversation.read(limit=10, strict=True)
+        seen.append([r.body for r in rows])
+        yield Progress("counting")
+        yield Final(f"{len(rows)} messages")
+
+    async with bot_on(fake, tmp_path / "j.sqlite3", handler=recall) as bot:
+        fake.invite(alice, room, fake.user_id("bot"))
+        await eventually(lambda: _joined(fake, room), "the bot to join")
+        first = fake.send_text(alice, room, "first")
+        assert bot.journal is not None
+        journal = bot.journal
+
+        async def answered(source: str) -> bool:
+            turn = await journal.turn(source)
+            return turn is not None and turn.state is TurnState.DELIVERED
+
+        await eventually(lambda: answered(first), "the first answer")
+        second = fake.send_text(alice, room, "second")
+        await eventually(lambda: answered(second), "the second answer")
+    # The conversation is the room's, oldest first, including the triggering message.
+    # (It also holds this turn's own placeholder reply: its logical identity is
+    # persisted from the start, contract 4; only progress edits are transport.)
+    assert "first" in seen[0]
+    # By the second turn the first answer is projected at its final body, and no
+    # progress text was ever in the projection.
+    assert seen[1].index("first") < seen[1].index("second")
+    assert f"{len(seen[0])} messages" in seen[1]
+    assert all("counting" not in b for rows in seen for b in rows)
+
+
+async def test_a_dead_login_stops_the_bot_with_that_error(tmp_path: Path) -> None:
+    fake = FakeHomeserver()
+    fake.register("bot")
+    fake.unknown_token("sync", times=None)
+    bot = Bot(
+        BotConfig(
+            homeserver=fake.base_url,
+            user=fake.user_id("bot"),
+            password="password",
+            store=str(tmp_path / "j.sqlite3"),
+            handler=echo,
+        ),
+        transport=fake.transport,
+    )
+    with pytest.raises(UnknownToken):
+        await asyncio.wait_for(bot.run(), 20)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,15 @@ from gapline.storage import open_backend
 
 ROOM = "!room:example.org"
 BOT = "@bot:example.org"
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """`gapline bot` installs its JSON handler on the 'gapline' logger; undo it after."""
+    logger = logging.getLogger("gapline")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
 
 
 def message(n: int, body: str, **content: object) -> ClientEvent:
@@ -157,3 +168,28 @@ def test_bot_refuses_an_unknown_handler(tmp_path: Path, capsys: pytest.CaptureFi
         ]
     )
     assert code == 2 and "unknown handler" in capsys.readouterr().err
+
+
+def test_bot_reports_an_unreachable_homeserver_as_a_logged_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "bot",
+            "--homeserver",
+            "http://127.0.0.1:9",
+            "--user",
+            BOT,
+            "--password",
+            "pw",
+            "--store",
+            str(tmp_path / "j.sqlite3"),
+            "--handler",
+            "echo",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 1
+    records = [json.loads(line) for line in err.splitlines()]
+    assert records[-1]["level"] == "error" and records[-1]["msg"] == "bot failed"
+    assert "Traceback" not in err

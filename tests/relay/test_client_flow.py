@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 from gapline.meshline import (
@@ -28,7 +28,7 @@ from tests.relay.harness import Clock, RelayUnderTest, start_relay
 @contextlib.asynccontextmanager
 async def _client(
     r: RelayUnderTest, account: TestAccount, device: int, tmp: Path, *, ws: bool = False
-) -> AsyncIterator[MeshlineClient]:
+) -> AsyncGenerator[MeshlineClient]:
     dev = account.device(device)
     backend = await open_backend(str(tmp / f"{dev.device_id}.db"))
     try:
@@ -76,7 +76,8 @@ async def test_client_send_and_sync_decrypts_with_fixed_visibility(
             assert isinstance(received[0], AcceptedMessage)
             assert received[0].direction is Direction.INBOUND and received[0].sequence == 0
             sent = await a0.sync()
-            assert _texts(sent) == ["hi bob"] and sent[0].direction is Direction.OUTBOUND
+            assert _texts(sent) == ["hi bob"]
+            assert isinstance(sent[0], AcceptedMessage) and sent[0].direction is Direction.OUTBOUND
             assert await a1.sync() == []  # no sender box for device 1: never visible to it
             assert await b0.sync() == []  # the position advanced; nothing new
 
@@ -106,7 +107,7 @@ async def test_client_over_websocket_is_woken_by_the_notification(
             # With a 30 s poll interval, only the notification can wake the client in time.
             item = await asyncio.wait_for(first, 20)
             assert _texts([item]) == ["over ws"]
-            await stream.aclose()
+            await b0.close()
 
 
 async def test_client_surfaces_the_retention_gap(relay_dsn: str, tmp_path: Path) -> None:

@@ -428,3 +428,16 @@ async def test_store_never_lowers_head_row(relay_dsn: str) -> None:
         assert await store.head(bob.account) == 0
     finally:
         await backend.close()
+
+
+async def test_retry_after_the_delivery_age_limit_still_gets_its_result(relay_dsn: str) -> None:
+    clock = Clock()
+    async with start_relay(relay_dsn, clock=clock, retention=1000, delivery_age_limit=100) as r:
+        alice, bob, ta, _tb = await _pair(r)
+        params = make_send_params(alice, bob, created_at=clock()).to_wire()
+        first = await r.ok("message.send", params, token=ta)
+        clock.advance(200)
+        ta = await r.login(alice)
+        assert await r.ok("message.send", params, token=ta) == first
+        late = make_send_params(alice, bob, created_at=clock() - 150).to_wire()
+        assert await r.error("message.send", late, token=ta) == (400, "message_expired")

@@ -123,8 +123,17 @@ class Request:
     error: str | None
 
 
+MAX_LINE = 1 << 20
+"""Longest request line accepted, in bytes (a request is a few hundred)."""
+
+TOO_LONG = b"\x00 line too long\n"
+"""What the reader yields for a line over MAX_LINE (never valid JSON)."""
+
+
 def parse_request(line: bytes | str) -> Request:
     """Parse one input line; never raises (a bad line becomes a Request with an ``error``)."""
+    if line == TOO_LONG:
+        return Request(None, None, f"line longer than {MAX_LINE} bytes")
     try:
         data = loads(line)
     except WireError as exc:
@@ -161,14 +170,33 @@ def _raw_lines(stream: BinaryIO) -> Iterator[bytes]:
     except (OSError, ValueError, AttributeError):
         yield from iter(stream.readline, b"")
         return
-    pending = b""
+    pending = bytearray()
+    skipping = False  # inside a line that already exceeded MAX_LINE
     while chunk := os.read(fd, 1 << 16):
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            yield line + b"\n"
-    if pending:
-        yield pending
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            piece = chunk[start : end + 1]
+            if skipping:
+                skipping = False
+            elif len(pending) + len(piece) > MAX_LINE:
+                yield TOO_LONG
+            else:
+                yield bytes(pending) + piece
+            pending.clear()
+            start = end + 1
+        rest = chunk[start:]
+        if skipping:
+            continue
+        if len(pending) + len(rest) > MAX_LINE:
+            # Answer at once and drop the rest of the line as it arrives, so
+            # a runaway writer cannot make the bridge buffer without bound.
+            pending.clear()
+            skipping = True
+            yield TOO_LONG
+        else:
+            pending += rest
+    if pending and not skipping:
+        yield bytes(pending)
 
 
 async def stream_lines(stream: BinaryIO) -> AsyncIterator[bytes]:

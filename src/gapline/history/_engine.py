@@ -27,8 +27,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -150,6 +150,7 @@ class _Room:
     timeline: Timeline
     op: _Operation | None = None
     recent: RecentHistoryState = field(default=RecentHistoryState.IDLE)
+    opening: bool = False
 
 
 class Engine:
@@ -204,7 +205,7 @@ class Engine:
         sync_timeout_ms: int = 30_000,
         kdf_cost: Any = None,
         cipher: Cipher | None = None,
-    ) -> AsyncIterator[Engine]:
+    ) -> AsyncGenerator[Engine]:
         """Open the store (checking the passphrase before anything else), start syncing.
 
         ``store`` is a directory (the SQLite file ``history.sqlite3`` in it),
@@ -214,12 +215,11 @@ class Engine:
         :meth:`sync_once`). A wrong passphrase raises
         :class:`~gapline.storage.WrongPassphrase` before any network request.
         """
-        own_backend = not hasattr(store, "write")
-        if own_backend:
-            path = Path(os.fspath(store))  # type: ignore[arg-type]
-            backend: Backend = await open_backend(str(path / STORE_FILE))
+        own_backend = isinstance(store, (str, os.PathLike))
+        if isinstance(store, (str, os.PathLike)):
+            backend: Backend = await open_backend(str(Path(store) / STORE_FILE))
         else:
-            backend = store  # type: ignore[assignment]
+            backend = store
         try:
             if cipher is None:
                 cipher = await open_cipher(backend, passphrase, kdf_cost=kdf_cost)
@@ -269,7 +269,7 @@ class Engine:
         return self._rooms[room_id].timeline
 
     def is_open(self, room_id: str) -> bool:
-        return room_id in self._rooms
+        return self._open(room_id) is not None
 
     def recent_state(self, room_id: str) -> RecentHistoryState:
         room = self._rooms.get(room_id)
@@ -300,7 +300,7 @@ class Engine:
             case OpenRoom(room_id=room_id):
                 return await self._open_room(room_id)
             case CloseRoom(room_id=room_id):
-                if room_id not in self._rooms:
+                if self._open(room_id) is None:
                     return RoomNotOpen()
                 await self._close_room(room_id)
                 return Ok()
@@ -446,19 +446,32 @@ class Engine:
             return Invalid(problem)
         if room_id in self._rooms:
             return Ok()
-        window = await self.store.load_window(room_id, self.config.open_window)
-        if not window.known and self._joined is not None and room_id not in self._joined:
-            return Failed(f"unknown room {room_id}: this account has not joined it")
-        if room_id in self._rooms:  # opened concurrently while we read
-            return Ok()
+        # Register the timeline before reading the window: a commit landing between
+        # the read and the reset then queues its updates here, and applying them
+        # after the reset is idempotent for what the read already saw.
         timeline = Timeline(room_id, self._publish)
-        room = _Room(room_id, timeline)
+        room = _Room(room_id, timeline, opening=True)
         self._rooms[room_id] = room
+        try:
+            window = await self.store.load_window(room_id, self.config.open_window)
+        except BaseException:
+            self._rooms.pop(room_id, None)
+            raise
+        if not window.known and self._joined is not None and room_id not in self._joined:
+            self._rooms.pop(room_id, None)
+            return Failed(f"unknown room {room_id}: this account has not joined it")
         reset = timeline.reset(window, self.config.open_window)
         await self._publish(reset)
+        room.opening = False
+        await timeline.flush_history()
         # The recent load starts only after the reset is out: opening never waits on it.
         await self._start_recent(room)
         return Ok()
+
+    def _open(self, room_id: str) -> _Room | None:
+        """The room if it is open (and done opening)."""
+        room = self._rooms.get(room_id)
+        return None if room is None or room.opening else room
 
     async def _close_room(self, room_id: str) -> None:
         room = self._rooms.get(room_id)
@@ -484,7 +497,7 @@ class Engine:
             await op.cancelled_early()
 
     async def _cancel(self, room_id: str) -> Answer:
-        room = self._rooms.get(room_id)
+        room = self._open(room_id)
         if room is None:
             return RoomNotOpen()
         await self._stop_operation(room)
@@ -582,8 +595,9 @@ class Engine:
                             effect = flow.throw(WalkFailed(describe(exc)))
                             continue
                         state = result.state
-                        await room.timeline.flush_history()
+                        # The flow counts the page before anything else can be cancelled.
                         effect = flow.send(result)
+                        await room.timeline.flush_history()
                 except asyncio.CancelledError:
                     _uncancel()
                     try:
@@ -666,7 +680,7 @@ class Engine:
         log.info("initial history fallback for %s: %s", room.room_id, outcome)
 
     async def _retry_recent(self, room_id: str) -> Answer:
-        room = self._rooms.get(room_id)
+        room = self._open(room_id)
         if room is None:
             return RoomNotOpen()
         if room.op is not None:
@@ -679,7 +693,7 @@ class Engine:
     # -- fill ------------------------------------------------------------------------------
 
     async def _fill_gap(self, room_id: str, gap_id: str) -> Answer:
-        room = self._rooms.get(room_id)
+        room = self._open(room_id)
         if room is None:
             return RoomNotOpen()
         gap = await self.store.gap(room_id, gap_id)
@@ -733,43 +747,36 @@ class Engine:
         return await _shielded(self._settle_fill(room, gap_id, outcome))
 
     async def _settle_fill(self, room: _Room, gap_id: str, outcome: WalkOutcome) -> Answer:
-        base = {"room_id": room.room_id, "gap_id": gap_id, "pages": outcome.pages}
-        base["events"] = outcome.events
+        base = HistoryRepairReport(
+            room_id=room.room_id, gap_id=gap_id, pages=outcome.pages, events=outcome.events
+        )
         lifecycle: GapLifecycle | None = GapLifecycle.Paused
         failure: str | None = None
         answer: Answer = Ok()
         match outcome.end:
             case WalkEnd.Joined:
                 lifecycle = None
-                report = HistoryRepairReport(
-                    **base, phase=RepairPhase.Ready, continuity=Continuity.Verified
-                )
+                report = replace(base, phase=RepairPhase.Ready, continuity=Continuity.Verified)
             case WalkEnd.Budget:
                 lifecycle = None  # the page that spent the budget paused the gap
-                report = HistoryRepairReport(
-                    **base, phase=RepairPhase.Paused, stop=RepairStop.Budget
-                )
+                report = replace(base, phase=RepairPhase.Paused, stop=RepairStop.Budget)
             case WalkEnd.CursorStalled:
-                report = HistoryRepairReport(
-                    **base, phase=RepairPhase.Paused, stop=RepairStop.CursorStalled
-                )
+                report = replace(base, phase=RepairPhase.Paused, stop=RepairStop.CursorStalled)
             case WalkEnd.StartReached:
                 lifecycle = None  # the last page already made the gap Unavailable
-                report = HistoryRepairReport(
-                    **base,
+                report = replace(
+                    base,
                     phase=RepairPhase.Paused,
                     continuity=Continuity.AccessibleStart,
                     stop=RepairStop.HistoryUnavailable,
                 )
             case WalkEnd.Cancelled:
-                report = HistoryRepairReport(
-                    **base, phase=RepairPhase.Paused, stop=RepairStop.Cancelled
-                )
+                report = replace(base, phase=RepairPhase.Paused, stop=RepairStop.Cancelled)
                 answer = Interrupted()
             case _:
                 failure = outcome.message or "the fill failed"
                 lifecycle = GapLifecycle.Failed
-                report = HistoryRepairReport(**base, phase=RepairPhase.Paused, failure=failure)
+                report = replace(base, phase=RepairPhase.Paused, failure=failure)
                 answer = Failed(failure)
         if lifecycle is not None:
             with contextlib.suppress(StorageError):
@@ -784,7 +791,7 @@ class Engine:
     # -- back-pagination -------------------------------------------------------------------
 
     async def _paginate(self, room_id: str, count: int) -> Answer:
-        room = self._rooms.get(room_id)
+        room = self._open(room_id)
         if room is None:
             return RoomNotOpen()
         if room.op is not None:
@@ -838,7 +845,7 @@ class Engine:
     # -- sending ---------------------------------------------------------------------------
 
     async def _send(self, room_id: str, body: str) -> Answer:
-        if room_id not in self._rooms:
+        if self._open(room_id) is None:
             return RoomNotOpen()
         if self.client is None:
             return Failed("no homeserver client: the engine runs offline")

@@ -104,6 +104,7 @@ class Timeline:
         self._fully_read: str | None = None
         self._event_keys: dict[str, RowKey] = {}
         self.closed = False
+        self._ready = False  # until the reset is built, queued updates wait
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -122,6 +123,7 @@ class Timeline:
 
     def reset(self, window: Window, limit: int) -> TimelineReset:
         """Fill from the store's newest window; the event to publish as the room opens."""
+        self._ready = True
         self._receipts = dict(window.receipts)
         self._fully_read = window.fully_read
         self._keys.clear()
@@ -187,7 +189,7 @@ class Timeline:
 
     async def _flush(self) -> None:
         async with self._lock:
-            if self.closed or not self._pending:
+            if self.closed or not self._ready or not self._pending:
                 return
             pending, self._pending = self._pending, []
             diffs: list[VectorDiff] = []

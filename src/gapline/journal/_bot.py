@@ -34,7 +34,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -118,7 +118,7 @@ class TurnRunner:
     transport: AnswerTransport
     reader: ConversationReader
     handler: Handler
-    wake_delivery: Any  # Callable[[], None]
+    wake_delivery: Callable[[], None]
     sidecar_limit: int = DEFAULT_SIDECAR_LIMIT
     max_concurrent: int = 32
     poll_interval: float = 2.0
@@ -377,6 +377,12 @@ class Bot:
                     group.create_task(self.ingress.run(), name="ingress")
                     group.create_task(runner.run(), name="turns")
                     group.create_task(worker.run(), name="delivery")
+            except BaseExceptionGroup as failed:
+                # One task failed for good (the others were cancelled because of it):
+                # surface that failure itself, so callers catch MatrixError/StorageError.
+                if len(failed.exceptions) == 1:
+                    raise failed.exceptions[0] from failed
+                raise
             finally:
                 await refetcher.aclose()
                 await hydrator.aclose()

@@ -19,6 +19,9 @@ durable steps of one answer, in order:
 ``after_acknowledgement``
     acknowledgement and the terminal turn record are committed.
 
+The delivery boundaries (claim, send, acknowledgement) fire for the FINAL
+stage by default; ``<boundary>@initial`` moves them to the INITIAL placeholder.
+
 With ``GAPLINE_FAULT_ONCE=<path>`` the fault fires only if ``path`` does not
 exist yet (it is created just before the kill), so one environment can be
 reused across a restart.
@@ -45,9 +48,13 @@ class FaultPoint(enum.StrEnum):
     AFTER_ACKNOWLEDGEMENT = "after_acknowledgement"
 
 
-def fault_point(point: FaultPoint) -> None:
-    """Kill this process with SIGKILL if ``GAPLINE_FAULT`` names ``point``."""
-    if os.environ.get(FAULT_ENV) != point.value:
+def fault_point(point: FaultPoint, *, stage: str = "final") -> None:
+    """Kill this process with SIGKILL if ``GAPLINE_FAULT`` names ``point`` (at ``stage``)."""
+    wanted = os.environ.get(FAULT_ENV)
+    if not wanted:
+        return
+    name, _, wanted_stage = wanted.partition("@")
+    if name != point.value or (wanted_stage or "final") != stage:
         return
     once = os.environ.get(FAULT_ONCE_ENV)
     if once:

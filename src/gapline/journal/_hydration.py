@@ -410,12 +410,12 @@ class Hydrator:
         inbound: list[InboundEvent] = []
         # Oldest first inside a chunk: originals before the edits that revise them.
         for event in reversed(events):
-            for item in _as_inbound(room_id, event):
-                if item.type != "m.room.redaction" and item.kind is not EventKind.REDACTION:
-                    resolved = await resolve_text(event, self.source)
-                    if resolved is not None:
-                        item = dataclasses.replace(item, resolved_text=resolved)
-                inbound.append(item)
+            items = _as_inbound(room_id, event)
+            if event.redacted_because is None and items:
+                resolved = await resolve_text(event, self.source)
+                if resolved is not None:
+                    items = [dataclasses.replace(items[0], resolved_text=resolved)]
+            inbound.extend(items)
         for start in range(0, len(inbound), self.chunk_size):
             outcome = await self.view.project_chunk(
                 room_id, inbound[start : start + self.chunk_size], expected_epoch=epoch

@@ -45,7 +45,14 @@ from gapline.journal._types import (
     Provenance,
 )
 from gapline.journal._views import AdmissionView, MembershipView
-from gapline.matrix import ClientEvent, Direction, MatrixError, MessagesResponse, SyncResponse
+from gapline.matrix import (
+    ClientEvent,
+    Direction,
+    MatrixError,
+    MessagesResponse,
+    SyncResponse,
+    UnknownToken,
+)
 from gapline.storage import Backend, Migration
 
 __all__ = [
@@ -312,6 +319,8 @@ class Ingress:
                         "presence": {"not_types": ["*"]},
                     },
                 )
+            except UnknownToken:
+                raise  # the login is dead: retrying cannot help, the operator must know
             except MatrixError as exc:
                 failures += 1
                 delay = min(30.0, 0.5 * 2 ** min(failures, 6))
@@ -360,8 +369,8 @@ class Ingress:
             await self._admit_timeline(room_id, timeline.events, provenance)
         for room_id, left in rooms.leave.items():
             provenance = Provenance.HISTORY if initial else Provenance.LIVE
-            echoes = await self._admit_timeline(room_id, left.timeline.events, provenance)
-            if echoes == 0:
+            await self._admit_timeline(room_id, left.timeline.events, provenance)
+            if not any(self._is_own_membership(e) for e in left.timeline.events):
                 # A limited timeline left our leave event out: the section itself is
                 # the report. (No event id to remember it by; a redelivery after a
                 # crash can fence this one twice, which only advances the epoch again.)
@@ -396,12 +405,20 @@ class Ingress:
         events.reverse()
         return events
 
+    def _is_own_membership(self, event: ClientEvent) -> bool:
+        return event.type == "m.room.member" and event.state_key == self.principal_id
+
     def _is_own_departure(self, event: ClientEvent) -> bool:
-        return (
+        """Our own leave or ban, except the rejection of an invite (never a member: nothing
+        to fence). The previous membership is what the server says in ``unsigned``."""
+        if not (
             event.type == "m.room.member"
             and event.state_key == self.principal_id
             and event.content.get("membership") in ("leave", "ban")
-        )
+        ):
+            return False
+        prev = event.unsigned.get("prev_content")
+        return not (isinstance(prev, Mapping) and prev.get("membership") == "invite")
 
     async def _admit_timeline(
         self, room_id: str, events: Sequence[ClientEvent], provenance: Provenance

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gapline.journal._hydration import HydrationFailed, Hydrator
-from gapline.journal._refetch import PointRefetcher, RefetchFailed
+from gapline.journal._refetch import PointRefetcher
 from gapline.journal._types import ConversationKey, ConversationPage, ConversationRow, Cursor
 from gapline.journal._views import ConversationReadView
 
@@ -79,10 +79,12 @@ class ConversationReader:
         results = await asyncio.gather(
             *(refetcher.refetch(debt) for debt in page.owing_refresh), return_exceptions=True
         )
-        failures = [r for r in results if isinstance(r, BaseException)]
-        for failure in failures:
-            if not isinstance(failure, RefetchFailed | Exception):
-                raise failure  # cancellation and the like propagate
+        failures: list[Exception] = []
+        for result in results:
+            if isinstance(result, Exception):
+                failures.append(result)  # RefetchFailed, or the store/server failing
+            elif isinstance(result, BaseException):
+                raise result  # cancellation and the like propagate
         page = await self.view.read_conversation(key.room_id, key.thread_id, limit, before=before)
         if page.owing_refresh:
             reason = str(failures[0]) if failures else "a newer redaction arrived"

@@ -109,9 +109,8 @@ class _Backoff:
 class DeliveryWorker:
     """Claims, sends and acknowledges outbox rows until cancelled.
 
-    ``wake()`` nudges it after an enqueue in this process; a subscription to
-    the outbox channel (when given) covers enqueues from elsewhere, and a
-    poll interval covers lost notifications.
+    ``wake()`` nudges it after an enqueue in this process; a poll interval
+    covers enqueues it was not told about.
     """
 
     view: DeliveryView
@@ -122,18 +121,55 @@ class DeliveryWorker:
     max_backoff: float = 30.0
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _backoff: dict[tuple[str, DeliveryStage], _Backoff] = field(default_factory=dict)
+    _inflight: set[tuple[str, DeliveryStage]] = field(default_factory=set)
 
     def wake(self) -> None:
         self._wake.set()
 
     async def run(self) -> None:
-        while True:
-            self._wake.clear()
-            sent_any = await self.run_once()
-            if sent_any:
+        """Deliver until cancelled, each row in its own task (owned by this TaskGroup).
+
+        A slow send must not hold up the rows claimed after it, so rows are not
+        delivered in lock-step batches here; a row still in flight is skipped
+        when a later claim offers it again (it is attempted and unacknowledged).
+        """
+        async with asyncio.TaskGroup() as group:
+            while True:
+                self._wake.clear()
+                await self._start_due(group)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self._next_wait())
+
+    async def _start_due(self, group: asyncio.TaskGroup) -> None:
+        free = self.batch - len(self._inflight)
+        if free <= 0:
+            return
+        deliveries = await self.view.claim(self.batch + len(self._inflight) + len(self._backoff))
+        now = time.monotonic()
+        for delivery in deliveries:
+            key = (delivery.delivery_id, delivery.stage)
+            if key in self._inflight or self._backoff.get(key, _Backoff()).not_before > now:
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self._next_wait())
+            if free <= 0:
+                break
+            free -= 1
+            self._inflight.add(key)
+            group.create_task(self._guarded(delivery), name=f"deliver {delivery.txn_id}")
+
+    async def _guarded(self, delivery: Delivery) -> None:
+        key = (delivery.delivery_id, delivery.stage)
+        try:
+            await self._deliver(delivery)
+        except Exception:
+            # A storage failure on acknowledge: the row stays attempted and is retried
+            # with the same transaction id, which the homeserver collapses.
+            state = self._backoff.setdefault(key, _Backoff())
+            state.failures += 1
+            state.not_before = time.monotonic() + min(self.max_backoff, 2.0**state.failures)
+            log.exception("delivery failed", extra={"turn_id": delivery.turn_id})
+        finally:
+            self._inflight.discard(key)
+            self._wake.set()
 
     def _next_wait(self) -> float:
         now = time.monotonic()
@@ -142,7 +178,8 @@ class DeliveryWorker:
         return max(0.05, min(self.poll_interval, soonest))
 
     async def run_once(self) -> bool:
-        """Claim one batch and deliver what is due; True when something was acknowledged."""
+        """Claim one batch and deliver what is due, all of it before returning; True when
+        something was acknowledged. (Tests and tools; `run` does not wait per batch.)"""
         deliveries = await self.view.claim(self.batch + len(self._backoff))
         now = time.monotonic()
         due = [
@@ -156,9 +193,8 @@ class DeliveryWorker:
         return any(results)
 
     async def _deliver(self, delivery: Delivery) -> bool:
-        final = delivery.stage is DeliveryStage.FINAL
-        if final:
-            fault_point(FaultPoint.AFTER_CLAIM_BEFORE_SEND)
+        stage = delivery.stage.value
+        fault_point(FaultPoint.AFTER_CLAIM_BEFORE_SEND, stage=stage)
         key = (delivery.delivery_id, delivery.stage)
         try:
             content = msgspec.json.decode(delivery.content)
@@ -168,12 +204,10 @@ class DeliveryWorker:
         except MatrixError as exc:
             self._record_failure(key, delivery, exc)
             return False
-        if final:
-            fault_point(FaultPoint.AFTER_SEND_BEFORE_ACKNOWLEDGEMENT)
+        fault_point(FaultPoint.AFTER_SEND_BEFORE_ACKNOWLEDGEMENT, stage=stage)
         outcome = await self.view.acknowledge(delivery, event_id)
         self._backoff.pop(key, None)
-        if final:
-            fault_point(FaultPoint.AFTER_ACKNOWLEDGEMENT)
+        fault_point(FaultPoint.AFTER_ACKNOWLEDGEMENT, stage=stage)
         log.info(
             "delivery acknowledged",
             extra={

@@ -402,10 +402,14 @@ class Relay:
         # fraction of the cost of RFC 8785 serialisation.
         digest = hashlib.sha256(_compact(params, sort_keys=True).encode()).hexdigest()
         now = self.config.clock()
+        # Time checks refuse only new requests: a retry of an accepted message still gets its
+        # result after the age limit has passed, so the store raises these after its
+        # duplicate check.
+        refusal: RelayFailure | None = None
         if envelope.created_at > now + self.config.clock_skew:
-            raise RelayFailure("clock_skew", "envelope created_at is in the relay's future")
-        if envelope.created_at < now - self.config.delivery_age_limit:
-            raise RelayFailure(
+            refusal = RelayFailure("clock_skew", "envelope created_at is in the relay's future")
+        elif envelope.created_at < now - self.config.delivery_age_limit:
+            refusal = RelayFailure(
                 "message_expired", "the envelope is older than the delivery age limit"
             )
         signing_key = await self._sender_signing_key(session)
@@ -435,6 +439,7 @@ class Relay:
             ),
             retention=self.config.retention,
             now=now,
+            refusal=refusal,
         )
         accepted = await self.store.accept_send(send)
         if self.on_appended is not None and accepted.appended:

@@ -70,6 +70,8 @@ class NewSend:
     sender_boxes: tuple[KeyBox, ...] | None
     retention: int
     now: int
+    # Raised instead of accepting, unless the request is a retry of an accepted one.
+    refusal: Exception | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +300,8 @@ def _accept_send(tx: Tx, send: NewSend) -> AcceptedSend:
             )
         error = json.loads(row[2]) if row[2] else None
         return AcceptedSend(DeliveryResult(row[1], int(row[3]), error), True, ())
+    if send.refusal is not None:
+        raise send.refusal
     valid: dict[str, set[str]] = {a: set() for a in accounts}
     for account, device_id in rows:
         if account:
@@ -607,16 +611,18 @@ def _cleanup_batch(tx: Tx, now: int) -> CleanupReport:
         "WHERE expires_at <= ? LIMIT ?",
         (now, _CLEANUP_BATCH),
     )
+    # Several relay processes may clean up at once: every multi-row change below goes in
+    # primary-key order, so two cleanups lock rows in the same order and cannot deadlock.
+    rows = sorted((str(r[0]), str(r[1]), int(r[2])) for r in rows)
     marks: dict[tuple[str, str], int] = {}
     for account, device_id, seq in rows:
-        key = (str(account), str(device_id))
-        marks[key] = max(marks.get(key, -1), int(seq))
+        marks[(account, device_id)] = max(marks.get((account, device_id), -1), seq)
     greatest = _greatest(tx)
     tx.executemany(
         "INSERT INTO retention_gaps (account, device_id, expired_through) VALUES (?, ?, ?) "
         "ON CONFLICT (account, device_id) DO UPDATE SET expired_through = "
         f"{greatest}(retention_gaps.expired_through, excluded.expired_through)",
-        [(a, d, s) for (a, d), s in marks.items()],
+        [(a, d, s) for (a, d), s in sorted(marks.items())],
     )
     tx.executemany(
         "DELETE FROM timeline_visibility WHERE account = ? AND device_id = ? AND sequence = ?",
@@ -624,7 +630,7 @@ def _cleanup_batch(tx: Tx, now: int) -> CleanupReport:
     )
     # A record is appended only with at least one visibility row, all sharing its deadline,
     # so the expired rows name every expired record (primary-key deletes).
-    expired_records = sorted({(str(r[0]), int(r[2])) for r in rows})
+    expired_records = sorted({(r[0], r[2]) for r in rows})
     tx.executemany(
         "DELETE FROM timeline_records WHERE account = ? AND sequence = ?", expired_records
     )

@@ -1,0 +1,458 @@
+"""The Textual app: a room list, a timeline with its gaps, a status line, a compose box.
+
+The app never reaches into the engine. It is handed a ``connect`` function
+that opens an engine publishing into a sink the app provides and yields
+something with ``async execute(command) -> Answer`` (the real
+:class:`~gapline.history.Engine`, or a fake in tests). The engine runs in the
+app's own asyncio loop, inside a worker the app owns: it is opened when the
+app mounts and closed (every room publishing ``Idle``) before the app exits.
+
+Published events reach the app as messages, so they are applied on the
+Textual loop, in publish order, by one handler: a :class:`Mirror` keeps every
+open room's rows and the timeline pane applies the current room's diffs in
+place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from datetime import tzinfo
+from typing import Protocol
+
+from rich.text import Text
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import Footer, Input, Label, OptionList, ProgressBar, Static
+from textual.widgets.option_list import Option
+from textual.worker import Worker
+
+from gapline.history import (
+    Answer,
+    Cancel,
+    Command,
+    EventItem,
+    EventNotFound,
+    EventSink,
+    Failed,
+    FillGap,
+    HistoryRepair,
+    HistoryRepairChanged,
+    Insert,
+    Interrupted,
+    Invalid,
+    Mirror,
+    MirrorError,
+    Ok,
+    OpenRoom,
+    PaginateBackwards,
+    PushFront,
+    RecentHistoryChanged,
+    RecentHistoryKind,
+    RepairPhase,
+    RetryRecent,
+    RoomBusy,
+    RoomNotOpen,
+    SendMessage,
+    TimelineChanged,
+    TimelineReset,
+    VectorDiff,
+)
+from gapline.history import Event as EngineEventValue
+from gapline.history.rooms import RoomDirectory, RoomSummary
+from gapline.tui._text import FillProgress, recent_label
+from gapline.tui._timeline import TimelineView
+
+__all__ = ["Connect", "EngineHandle", "GaplineApp"]
+
+
+class EngineHandle(Protocol):
+    """What the app needs of an engine: run a command, get its answer."""
+
+    async def execute(self, command: Command) -> Answer: ...
+
+
+Connect = Callable[[EventSink], AbstractAsyncContextManager[EngineHandle]]
+"""Opens an engine that publishes into the given sink; closing it closes the engine."""
+
+
+class EngineEvent(Message):
+    """One published engine event, delivered on the app's message queue."""
+
+    def __init__(self, event: EngineEventValue) -> None:
+        super().__init__()
+        self.event = event
+
+
+class RoomsChanged(Message):
+    """The room directory changed (a sync renamed a room, brought unread counts, ...)."""
+
+
+class _AppSink:
+    """The app's EventSink: hands each event to the app's message queue, in order."""
+
+    def __init__(self, app: GaplineApp) -> None:
+        self._app = app
+
+    async def publish(self, event: EngineEventValue) -> None:
+        self._app.post_message(EngineEvent(event))
+
+
+def _inserted_events(diffs: tuple[VectorDiff, ...]) -> int:
+    """Rows a fill page adds: events inserted before the end (sync appends at the end)."""
+    return sum(
+        1
+        for d in diffs
+        if isinstance(d, (Insert, PushFront)) and isinstance(d.value, EventItem)
+    )
+
+
+class GaplineApp(App[int]):
+    """``gapline tui``: read rooms, see every gap where it is, fill it with one key."""
+
+    TITLE = "gapline"
+    CSS = """
+    Screen { layout: vertical; }
+    #main { height: 1fr; }
+    #rooms { width: 24; height: 1fr; border: none; border-right: solid $panel-lighten-2; }
+    #rooms:focus { border-right: solid $accent; }
+    #room { width: 1fr; height: 1fr; }
+    #room-title { height: 1; padding: 0 1; background: $panel; color: $text; text-style: bold; }
+    #fill { height: 1; padding: 0 1; display: none; }
+    #fill.-running { display: block; }
+    #fill Label { width: auto; color: $accent; padding-left: 1; }
+    #fill ProgressBar { width: auto; }
+    #status { height: 1; padding: 0 1; background: $panel; color: $text-muted; }
+    #status.-failed { color: $error; }
+    #compose { height: 1; border: none; padding: 0 1; background: $surface; }
+    #compose:focus { border: none; background: $boost; }
+    """
+
+    BINDINGS = [
+        Binding("f", "fill", "Fill gap"),
+        Binding("c", "cancel", "Cancel"),
+        Binding("r", "retry", "Retry recent"),
+        Binding("b,pageup", "scroll_back", "Back"),
+        Binding("tab", "focus_next", "Switch pane"),
+        Binding("i", "compose", "Write", show=False),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(
+        self,
+        connect: Connect,
+        *,
+        rooms: RoomDirectory | None = None,
+        room_id: str | None = None,
+        page_budget: int | None = None,
+        tz: tzinfo | None = None,
+    ) -> None:
+        super().__init__()
+        self._connect = connect
+        self.directory = rooms if rooms is not None else RoomDirectory()
+        self.room_id = room_id
+        self.page_budget = page_budget
+        self.tz = tz
+        self.mirror = Mirror()
+        self.notices: list[str] = []
+        self._engine: EngineHandle | None = None
+        self._engine_ready = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._engine_worker: Worker[None] | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+        self._fills: dict[str, str] = {}  # room id -> gap id of its running fill
+
+    # -- layout --------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="main"):
+            yield OptionList(id="rooms")
+            with Vertical(id="room"):
+                yield Static("", id="room-title")
+                yield TimelineView(tz=self.tz, id="timeline")
+                with Horizontal(id="fill"):
+                    yield ProgressBar(
+                        total=self.page_budget, show_eta=False, show_percentage=False
+                    )
+                    yield Label("", id="fill-label")
+                yield Static("", id="status")
+                yield Input(placeholder="write a message · enter sends · esc leaves", id="compose")
+        yield Footer()
+
+    @property
+    def timeline(self) -> TimelineView:
+        return self.query_one(TimelineView)
+
+    def on_mount(self) -> None:
+        self._unsubscribe = self.directory.subscribe(lambda: self.post_message(RoomsChanged()))
+        self._refresh_rooms()
+        self._refresh_status()
+        self.timeline.focus()
+        self._engine_worker = self.run_worker(
+            self._run_engine(), name="engine", group="engine", exit_on_error=False
+        )
+
+    async def _run_engine(self) -> None:
+        try:
+            async with self._connect(_AppSink(self)) as engine:
+                self._engine = engine
+                self._engine_ready.set()
+                if self.room_id is not None:
+                    self.command(OpenRoom(self.room_id))
+                await self._stopping.wait()
+        except Exception as exc:  # noqa: BLE001 - shown, then the app keeps its last rows
+            self.notice(f"the engine stopped: {exc}", severity="error")
+        finally:
+            self._engine = None
+
+    async def action_quit(self) -> None:
+        await self.shutdown()
+        self.exit(0)
+
+    async def shutdown(self) -> None:
+        """Close the engine (its rooms publish ``Idle``) and wait for it."""
+        self._stopping.set()
+        worker = self._engine_worker
+        if worker is not None and not worker.is_finished:
+            with contextlib.suppress(Exception):
+                await worker.wait()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    # -- commands ------------------------------------------------------------------------
+
+    def command(self, command: Command) -> Worker[Answer | None]:
+        """Run ``command`` in a worker of its own (so ``Cancel`` reaches a running fill)."""
+        return self.run_worker(
+            self._execute(command), group="commands", exit_on_error=False
+        )
+
+    async def _execute(self, command: Command) -> Answer | None:
+        if self._engine is None:
+            await self._engine_ready.wait()
+        engine = self._engine
+        if engine is None:
+            self.notice("the engine is not running", severity="error")
+            return None
+        rows_before = len(self.mirror.items(command_room(command) or "") or ())
+        try:
+            answer = await engine.execute(command)
+        except Exception as exc:  # noqa: BLE001 - a notice, not a crash
+            self.notice(f"internal error: {exc}", severity="error")
+            return None
+        self._answered(command, answer, rows_before)
+        return answer
+
+    def _answered(self, command: Command, answer: Answer, rows_before: int) -> None:
+        match answer:
+            case Ok():
+                if isinstance(command, PaginateBackwards):
+                    # The answer comes after its diffs were published; our handler may
+                    # not have run them yet, so compare once the queue drained.
+                    self.call_later(self._paginated, command.room_id, rows_before)
+            case RoomBusy():
+                self.notice(
+                    "busy: another history operation runs in this room · c cancels it",
+                    severity="warning",
+                )
+            case Interrupted():
+                self.notice("stopped")
+            case EventNotFound():
+                self.notice("that gap is no longer there", severity="warning")
+            case RoomNotOpen():
+                self.notice("the room is not open", severity="warning")
+            case Failed(message=message):
+                self.notice(f"failed: {message}", severity="error")
+            case Invalid(message=message):
+                self.notice(f"invalid: {message}", severity="error")
+
+    def _paginated(self, room_id: str, rows_before: int) -> None:
+        if len(self.mirror.items(room_id) or ()) == rows_before:
+            self.notice("the start of this room's accessible history is loaded")
+
+    def notice(self, text: str, *, severity: str = "information") -> None:
+        """A short notice (a toast); kept in :attr:`notices` for tests and the log."""
+        self.notices.append(text)
+        self.notify(text, severity=severity, timeout=5)  # type: ignore[arg-type]
+
+    # -- actions -------------------------------------------------------------------------
+
+    def action_fill(self) -> None:
+        if self.room_id is None:
+            self.notice("open a room first", severity="warning")
+            return
+        gap = self.timeline.nearest_gap()
+        if gap is None:
+            self.notice("no gap in the loaded history of this room")
+            return
+        self.command(HistoryRepair(FillGap(self.room_id, gap.id)))
+
+    def action_cancel(self) -> None:
+        if self.room_id is not None:
+            self.command(HistoryRepair(Cancel(self.room_id)))
+
+    def action_retry(self) -> None:
+        if self.room_id is not None:
+            self.command(HistoryRepair(RetryRecent(self.room_id)))
+
+    def action_scroll_back(self) -> None:
+        view = self.timeline
+        if view.at_top:
+            if self.room_id is not None:
+                self.command(PaginateBackwards(self.room_id))
+        else:
+            view.scroll_page_up(animate=False)
+
+    def action_compose(self) -> None:
+        self.query_one("#compose", Input).focus()
+
+    @on(Input.Submitted, "#compose")
+    def _send(self, event: Input.Submitted) -> None:
+        body = event.value.strip()
+        if not body or self.room_id is None:
+            return
+        event.input.clear()
+        self.command(SendMessage(self.room_id, body))
+
+    def on_key(self, event) -> None:  # noqa: ANN001 - textual.events.Key
+        if event.key == "escape" and self.focused is self.query_one("#compose", Input):
+            self.timeline.focus()
+            event.stop()
+
+    # -- rooms ---------------------------------------------------------------------------
+
+    @on(OptionList.OptionSelected, "#rooms")
+    def _room_chosen(self, event: OptionList.OptionSelected) -> None:
+        if event.option.id is not None:
+            self.show_room(event.option.id)
+            self.timeline.focus()
+
+    def show_room(self, room_id: str) -> None:
+        """Switch the timeline to ``room_id``, opening it in the engine if needed."""
+        if room_id == self.room_id and self.mirror.items(room_id) is not None:
+            return
+        self.room_id = room_id
+        items = self.mirror.items(room_id)
+        self.timeline.selected_id = None
+        self.timeline.reset(items or ())
+        if items is None:
+            self.command(OpenRoom(room_id))
+        self._refresh_rooms()
+        self._refresh_status()
+
+    def on_rooms_changed(self, _message: RoomsChanged) -> None:
+        self._refresh_rooms()
+        self._refresh_status()
+
+    def _summaries(self) -> list[RoomSummary]:
+        known = list(self.directory.summaries())
+        ids = {s.room_id for s in known}
+        extra = [self.room_id] if self.room_id is not None else []
+        extra += list(self.mirror.state.timelines)
+        for room_id in extra:
+            if room_id not in ids:
+                known.append(RoomSummary(room_id))
+                ids.add(room_id)
+        return known
+
+    def _refresh_rooms(self) -> None:
+        options = self.query_one("#rooms", OptionList)
+        options.clear_options()
+        highlighted = None
+        for index, summary in enumerate(self._summaries()):
+            prompt = Text(no_wrap=True, overflow="ellipsis")
+            prompt.append(summary.label, style="bold" if summary.room_id == self.room_id else "")
+            recent = self.mirror.state.recent(summary.room_id)
+            if recent.kind is RecentHistoryKind.Loading:
+                prompt.append(" ⟳", style="italic")
+            if summary.unread and summary.room_id != self.room_id:
+                prompt.append(f" ({summary.unread})", style="bold")
+            options.add_option(Option(prompt, id=summary.room_id))
+            if summary.room_id == self.room_id:
+                highlighted = index
+        if highlighted is not None:
+            options.highlighted = highlighted
+
+    # -- events --------------------------------------------------------------------------
+
+    def on_engine_event(self, message: EngineEvent) -> None:
+        event = message.event
+        try:
+            self.mirror.apply(event)
+        except MirrorError as exc:
+            self.notice(f"out of step with the engine: {exc}", severity="error")
+            return
+        view = self.timeline
+        match event:
+            case TimelineReset(room_id=room_id, items=items):
+                if room_id == self.room_id:
+                    view.reset(items)
+                self._refresh_rooms()
+            case TimelineChanged(room_id=room_id, diffs=diffs):
+                gap_id = self._fills.get(room_id)
+                if gap_id is not None and gap_id in view.progress:
+                    added = _inserted_events(diffs)
+                    if added:
+                        before = view.progress[gap_id]
+                        view.progress[gap_id] = FillProgress(
+                            before.pages + 1, before.events + added
+                        )
+                        self._show_progress(view.progress[gap_id])
+                if room_id == self.room_id:
+                    view.apply(diffs)
+                    view.refresh_gaps()
+            case RecentHistoryChanged(room_id=room_id, state=state):
+                if state.kind is RecentHistoryKind.Idle:
+                    gap_id = self._fills.pop(room_id, None)
+                    if gap_id is not None:
+                        view.progress.pop(gap_id, None)
+                self._refresh_rooms()
+            case HistoryRepairChanged(report=report):
+                if report.phase is RepairPhase.Bridging:
+                    self._fills[report.room_id] = report.gap_id
+                    view.progress[report.gap_id] = FillProgress()
+                    view.reports.pop(report.gap_id, None)
+                    self._show_progress(FillProgress())
+                else:
+                    self._fills.pop(report.room_id, None)
+                    view.progress.pop(report.gap_id, None)
+                    view.reports[report.gap_id] = report
+                    self._show_progress(None)
+                view.refresh_gaps()
+        self._refresh_status()
+
+    def _show_progress(self, progress: FillProgress | None) -> None:
+        box = self.query_one("#fill")
+        box.set_class(progress is not None, "-running")
+        if progress is None:
+            return
+        bar = self.query_one(ProgressBar)
+        bar.update(progress=progress.pages)
+        pages = "page" if progress.pages == 1 else "pages"
+        of = f"/{self.page_budget}" if self.page_budget is not None else ""
+        self.query_one("#fill-label", Label).update(
+            f"filling gap: {progress.pages}{of} {pages}, {progress.events} events · c cancels"
+        )
+
+    def _refresh_status(self) -> None:
+        title = self.query_one("#room-title", Static)
+        status = self.query_one("#status", Static)
+        if self.room_id is None:
+            title.update("no room open")
+            status.update("choose a room on the left")
+            return
+        summary = self.directory.get(self.room_id) or RoomSummary(self.room_id)
+        title.update(summary.label)
+        state = self.mirror.state.recent(self.room_id)
+        status.set_class(state.kind is RecentHistoryKind.Failed, "-failed")
+        status.update(recent_label(state, report=self.mirror.state.repairs.get(self.room_id)))
+
+
+def command_room(command: Command) -> str | None:
+    return getattr(command, "room_id", None)

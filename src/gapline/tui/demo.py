@@ -1,0 +1,272 @@
+"""`gapline demo`: a throwaway homeserver, a room with a gap in its history, and the TUI.
+
+The story, the same with and without a terminal:
+
+1. start a throwaway Synapse on 127.0.0.1 (the installed ``matrix-synapse``);
+2. register alice (the reader) and bob (the writer); bob makes a room, alice joins;
+3. bob writes a first stretch of history; alice's client syncs and retains it;
+4. alice's client closes; bob writes a few hundred more messages;
+5. alice's client opens the room again: its recent load fetches the newest
+   messages, and between them and the retained stretch sits a gap.
+
+``gapline demo`` then shows the room in the TUI (press ``f`` to fill the gap);
+``gapline demo --headless`` fills it itself and prints the timeline before and
+after, and the fill reports. It exits 0 only if a gap was found and filled
+with continuity ``Verified``. Everything (server, store, temp files) is torn
+down on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gapline.history import (
+    Continuity,
+    Engine,
+    EngineConfig,
+    EventItem,
+    FillGap,
+    HistoryGapItem,
+    HistoryRepair,
+    HistoryRepairChanged,
+    HistoryRepairReport,
+    Mirror,
+    OpenRoom,
+    Publisher,
+    RepairPhase,
+    RetryRecent,
+    TimelineItem,
+)
+from gapline.history.rooms import RoomDirectory, RoomSummary
+from gapline.matrix import Session
+from gapline.matrix.devserver import SynapseServer, SynapseStartError
+from gapline.tui._app import GaplineApp
+from gapline.tui._text import item_line
+from gapline.tui.cli import engine_connect
+
+__all__ = ["DEMO_CONFIG", "Story", "configure", "prepare_story", "run"]
+
+PASSPHRASE = "demo"
+ROOM_NAME = "gapline demo"
+# Small pages make the fill visible page by page; the budget covers the whole gap,
+# so one press of `f` fills it.
+DEMO_CONFIG = EngineConfig(page_size=20, recent_pages=2, page_budget=30)
+
+
+@dataclass(frozen=True, slots=True)
+class Story:
+    server: SynapseServer
+    reader: Session
+    writer: Session
+    room_id: str
+    store: Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--headless",
+        action="store_true",
+        help="no terminal UI: print the timeline before and after filling the gap",
+    )
+    parser.add_argument(
+        "--first", type=int, default=40, metavar="N", help="messages retained first (40)"
+    )
+    parser.add_argument(
+        "--more", type=int, default=300, metavar="N", help="messages written while away (300)"
+    )
+
+
+def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
+    return _main(args)
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+async def _main(args: argparse.Namespace) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="gapline-demo-"))
+    _say("starting a throwaway Synapse on 127.0.0.1 …")
+    try:
+        server = await SynapseServer.astart(workdir / "synapse")
+    except SynapseStartError as exc:
+        print(f"gapline demo: Synapse could not start: {exc}\n{exc.log_tail}", file=sys.stderr)
+        shutil.rmtree(workdir, ignore_errors=True)
+        return 1
+    try:
+        story = await prepare_story(server, workdir / "store", first=args.first, more=args.more)
+        if args.headless:
+            return await headless(story)
+        return await _tui(story)
+    finally:
+        await server.astop()
+        shutil.rmtree(workdir, ignore_errors=True)
+        _say("demo homeserver stopped; everything removed")
+
+
+async def prepare_story(
+    server: SynapseServer,
+    store: Path,
+    *,
+    first: int = 40,
+    more: int = 300,
+    say: Callable[[str], None] = _say,
+) -> Story:
+    """Steps 2 to 4 of the story; returns what the reader's client needs to open the room."""
+    alice = await server.register_user(server.unique_localpart("alice"), "alice-password")
+    bob = await server.register_user(server.unique_localpart("bob"), "bob-password")
+    room_id = await server.create_room(bob, name=ROOM_NAME)
+    await server.invite_and_join(bob, room_id, alice)
+    say(f"{bob.user_id} writes {first} messages in {room_id} …")
+    await server.send_messages(bob, room_id, [f"early message {i + 1}" for i in range(first)])
+
+    say(f"{alice.user_id}'s client syncs and retains them …")
+    store.mkdir(parents=True, exist_ok=True)
+    async with (
+        server.client(alice) as client,
+        Engine.open(store, client, passphrase=PASSPHRASE, sync=False) as engine,
+    ):
+        await engine.sync_once(initial=True)
+        await engine.execute(OpenRoom(room_id))
+        await engine.execute(HistoryRepair(RetryRecent(room_id)))  # waits for the recent load
+
+    say(f"the client is closed; {bob.user_id} writes {more} more messages …")
+    await server.send_messages(bob, room_id, [f"later message {i + 1}" for i in range(more)])
+    return Story(server, alice, bob, room_id, store)
+
+
+# -- headless -------------------------------------------------------------------------------
+
+
+def timeline_text(items: Sequence[TimelineItem], *, keep: int = 3) -> list[str]:
+    """The timeline as lines; long runs of messages keep their first and last ``keep``."""
+    lines: list[str] = []
+    run: list[EventItem] = []
+
+    def flush() -> None:
+        if len(run) > 2 * keep + 1:
+            lines.extend("  " + item_line(e) for e in run[:keep])
+            lines.append(f"  … {len(run) - 2 * keep} more messages …")
+            lines.extend("  " + item_line(e) for e in run[-keep:])
+        else:
+            lines.extend("  " + item_line(e) for e in run)
+        run.clear()
+
+    for item in items:
+        if isinstance(item, EventItem):
+            run.append(item)
+        else:
+            flush()
+            lines.append("  " + item_line(item))
+    flush()
+    return lines
+
+
+def report_line(report: HistoryRepairReport) -> str:
+    parts = [f"phase={report.phase.value}", f"pages={report.pages}", f"events={report.events}"]
+    if report.continuity is not None:
+        parts.append(f"continuity={report.continuity.value}")
+    if report.stop is not None:
+        parts.append(f"stop={report.stop.value}")
+    if report.failure is not None:
+        parts.append(f"failure={report.failure}")
+    return "fill report: " + " ".join(parts)
+
+
+class _Reports:
+    def __init__(self) -> None:
+        self.reports: list[HistoryRepairReport] = []
+
+    async def publish(self, event: object) -> None:
+        if isinstance(event, HistoryRepairChanged):
+            self.reports.append(event.report)
+            _say("  " + report_line(event.report))
+
+
+async def headless(story: Story) -> int:
+    """Open the room, print it, fill its gap, print it again; 0 iff filled and Verified."""
+    mirror, reports = Mirror(), _Reports()
+    async with (
+        story.server.client(story.reader) as client,
+        Engine.open(
+            story.store,
+            client,
+            passphrase=PASSPHRASE,
+            sink=Publisher([mirror, reports]),
+            config=DEMO_CONFIG,
+            sync=False,
+        ) as engine,
+    ):
+        await engine.sync_once()
+        await engine.execute(OpenRoom(story.room_id))
+        await engine.execute(HistoryRepair(RetryRecent(story.room_id)))
+        items = mirror.items(story.room_id) or ()
+        _say(f"\ntimeline of {ROOM_NAME!r} as the client opens it:")
+        for line in timeline_text(items):
+            _say(line)
+        gaps = [i for i in items if isinstance(i, HistoryGapItem)]
+        if not gaps:
+            _say("\nno gap found: nothing to fill")
+            return 1
+        gap = gaps[-1]
+        _say(f"\nfilling the gap {gap.id} …")
+        for _ in range(10):
+            answer = await engine.execute(HistoryRepair(FillGap(story.room_id, gap.id)))
+            last = reports.reports[-1] if reports.reports else None
+            _say(f"  answer: {type(answer).__name__}")
+            if last is None or last.phase is not RepairPhase.Paused or last.stop is None:
+                break
+        items = mirror.items(story.room_id) or ()
+        _say(f"\ntimeline of {ROOM_NAME!r} after the fill:")
+        for line in timeline_text(items):
+            _say(line)
+        settled = [r for r in reports.reports if r.gap_id == gap.id and r.settled]
+        verified = bool(settled) and (
+            settled[-1].phase is RepairPhase.Ready
+            and settled[-1].continuity is Continuity.Verified
+        )
+        still_there = any(i.id == gap.id for i in items)
+        if verified and not still_there:
+            total = sum(r.events for r in settled)
+            _say(f"\ngap filled: {total} events, continuity Verified")
+            return 0
+        _say("\nthe gap was NOT filled with continuity Verified")
+        return 1
+
+
+# -- with a terminal ------------------------------------------------------------------------
+
+
+async def _tui(story: Story) -> int:
+    directory = RoomDirectory([RoomSummary(story.room_id, name=ROOM_NAME)])
+    app = GaplineApp(
+        demo_connect(story, directory),
+        rooms=directory,
+        room_id=story.room_id,
+        page_budget=DEMO_CONFIG.page_budget,
+    )
+    await app.run_async()
+    return 0
+
+
+def demo_connect(story: Story, directory: RoomDirectory):  # noqa: ANN201 - a Connect
+    return engine_connect(
+        story.server.base_url,
+        story.reader,
+        story.store,
+        passphrase=PASSPHRASE,
+        config=DEMO_CONFIG,
+        directory=directory,
+        trust_env=False,
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover - `gapline demo` is the entry point
+    raise SystemExit(asyncio.run(_main(argparse.Namespace(headless=True, first=40, more=300))))
