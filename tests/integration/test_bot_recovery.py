@@ -53,3 +53,29 @@ async def test_a_limited_sync_after_downtime_recovers_the_gap(
     assert [len(answers[s]) for s in sources] == [1] * len(sources)
     # Without the recovery the 5 messages left out of the limited sync were never admitted.
     assert [r.body for r in page.rows if r.sender == alice.user_id][-8:] == bodies
+
+
+async def test_history_from_before_the_join_is_not_answered(
+    synapse_kit: SynapseKit, tmp_path: Path
+) -> None:
+    alice = await synapse_kit.user("alice")
+    bot_user = await make_bot_user(synapse_kit)
+    room = await synapse_kit.room(alice)
+    earlier = await synapse_kit.send_messages(alice, room, [f"old {i}" for i in range(6)])
+    store = str(tmp_path / "journal.sqlite3")
+    async with (
+        running_bot(synapse_kit.base_url, bot_user.user_id, store, timeline_limit=3),
+        synapse_kit.client(alice) as client,
+    ):
+        await client.invite(room, bot_user.user_id)
+        await wait_joined(client, room, bot_user.user_id)
+        (after,) = await synapse_kit.send_messages(alice, room, ["new"])
+
+        async def answered() -> bool:
+            return delivered(await turn_states(store, bot_user.user_id, [after]))
+
+        await eventually(answered, what="the message after the join answered")
+        assert set((await turn_states(store, bot_user.user_id, earlier)).values()) == {None}
+        events = await room_events(client, room)
+    answers = answers_by_source(events, bot_user.user_id)
+    assert set(answers) == {after}

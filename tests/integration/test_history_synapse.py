@@ -16,6 +16,7 @@ import pytest
 from gapline.history import (
     Cancel,
     Continuity,
+    EngineConfig,
     EventNotFound,
     FillGap,
     GapLifecycle,
@@ -331,3 +332,37 @@ async def test_room_busy_and_cancel_during_fill_keeps_pages_across_restart(tmp_p
         assert set(kept) <= set(stored)
         [row] = [g for g in await h.engine.store.all_gaps(room) if not g.is_top]
         assert (row.gap_id, row.lifecycle) == (gap.id, GapLifecycle.Paused)
+
+
+@pytest.mark.parametrize(("sync_limit", "fresh_older"), [(5, 0), (10, 5)])
+async def test_sync_after_recent_load_keeps_prev_batch_and_order(
+    tmp_path, synapse_kit, sync_limit, fresh_older
+):
+    """Regression for the second hole: the recent load already holds the newest events,
+    so the first (limited) sync brings only duplicates, or older events followed by
+    duplicates. No prev_batch is dropped, and older events go before the shared ones."""
+    alice = await synapse_kit.user("alice")
+    room = await synapse_kit.room(alice, name="history")
+    await synapse_kit.send_messages(alice, room, [f"m {i}" for i in range(80)])
+    config = EngineConfig(page_size=5, recent_pages=1)
+    async with (
+        synapse_kit.client(alice, retry=NO_RETRY) as client,
+        open_engine(tmp_path, client, config=config, sync_timeline_limit=sync_limit) as h,
+    ):
+        truth = await server_history(client, room)
+        await settle(h, room)
+        assert event_ids(h.engine.timeline(room).state.items) == truth[-5:]
+        response = await h.engine.sync_once()
+        timeline = response.rooms.join[room].timeline
+        assert timeline.limited and timeline.prev_batch
+        stored = [e.event_id for e in await h.engine.store.all_events(room)]
+        assert stored == truth[-5 - fresh_older :]
+        [top] = await h.engine.store.all_gaps(room)
+        assert top.is_top and top.newer_boundary == stored[0] and top.cursor
+        if fresh_older:
+            assert top.cursor == timeline.prev_batch
+        # The kept cursor walks back from exactly the oldest retained event.
+        assert await h.engine.execute(PaginateBackwards(room, 30)) == Ok()
+        ids = event_ids(h.engine.timeline(room).state.items)
+        assert ids == truth[-len(ids) :] and len(ids) == len(stored) + 30
+        assert_mirror_matches(h, room)

@@ -653,6 +653,16 @@ class JournalContract:
         assert not await bot.publish_coverage(key, reached_start=True, messages=1, expected_epoch=0)
         assert await bodies(bot) == {}
 
+    async def test_hydration_chunks_are_bounded(self, bot: PrincipalJournal) -> None:
+        chunk = [message(f"$b{i}", ts=i, kind=EventKind.CONTEXT_ONLY) for i in range(1001)]
+        with pytest.raises(ValueError):
+            await bot.project_chunk(ROOM, chunk, expected_epoch=0)
+        assert (
+            await bot.project_chunk(ROOM, chunk[:1000], expected_epoch=0) is ChunkOutcome.PROJECTED
+        )
+        page = await bot.read_conversation(ROOM, None, 1)
+        assert [r.event_id for r in page.rows] == ["$b999"]
+
     async def test_hydration_refuses_self_progress_edits(self, bot: PrincipalJournal) -> None:
         chunk = [
             message("$a", "…", sender=BOT, ts=10),

@@ -296,3 +296,32 @@ async def test_a_dead_login_stops_the_bot_with_that_error(tmp_path: Path) -> Non
     )
     with pytest.raises(UnknownToken):
         await asyncio.wait_for(bot.run(), 20)
+
+
+async def test_messages_from_before_the_join_are_context_not_turns(tmp_path: Path) -> None:
+    fake = FakeHomeserver()
+    fake.register("alice")
+    alice = fake.user_id("alice")
+    room = fake.create_room(alice)
+    earlier = fake.send_messages(alice, room, [f"before {i}" for i in range(3)])
+    async with bot_on(fake, tmp_path / "j.sqlite3") as bot:
+        fake.invite(alice, room, fake.user_id("bot"))
+        await eventually(lambda: _joined(fake, room), "the bot to join")
+        after = fake.send_text(alice, room, "after")
+        assert bot.journal is not None
+        journal = bot.journal
+
+        async def answered() -> bool:
+            turn = await journal.turn(after)
+            return turn is not None and turn.state is TurnState.DELIVERED
+
+        await eventually(answered, "the message after the join answered")
+        assert [await journal.turn(e) for e in earlier] == [None, None, None]
+        # They are still part of the conversation: a read hydrates the cold room.
+        assert bot.reader is not None
+        page = await bot.reader.read(ConversationKey(room), limit=20)
+        assert [r.body for r in page.rows if r.sender == alice] == [
+            *(f"before {i}" for i in range(3)),
+            "after",
+        ]
+        assert [await journal.turn(e) for e in earlier] == [None, None, None]

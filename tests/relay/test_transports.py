@@ -366,3 +366,22 @@ async def test_tls_serves_https_and_binds_the_https_origin(sqlite_dsn: str, tmp_
         async with httpx.AsyncClient(verify=False) as http:  # self-signed test certificate
             resp = await http.get(r.url + "/relay/info")
         assert resp.status_code == 200 and resp.json()["relay_id"] == r.relay_id
+
+
+async def test_oversized_envelope_is_request_too_large_on_both_transports(sqlite_dsn: str) -> None:
+    async with start_relay(sqlite_dsn) as r:
+        alice, bob = make_account(), make_account()
+        await r.publish(alice)
+        await r.publish(bob)
+        token = await r.login(alice)
+        wire = make_send_params(alice, bob, created_at=r.clock()).to_wire()
+        wire["envelope"]["x_padding"] = "p" * 300_000  # the envelope limit is 256 KiB
+        assert await r.error("message.send", wire, token=token) == (413, "request_too_large")
+        async with WsClient.connect(r.ws_url) as ws:
+            challenge = await ws.result("auth.challenge", {"account": alice.account})
+            await ws.result(
+                "auth.device.verify",
+                r.device_verify_params(alice, alice.device(), challenge["nonce"]),
+            )
+            answer = await ws.request("message.send", wire)
+            assert answer["error"]["code"] == -32015

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
 
 from gapline.history import (
@@ -58,24 +58,26 @@ BASE_TS = 1_764_500_000_000  # 2025-11-30 10:53:20 UTC
 
 
 def message(n: int, *, sender: str = "@alice:example.org", **kw: object) -> EventItem:
-    return EventItem(
+    item = EventItem(
         id=f"e{n}",
         event_id=f"$e{n}",
         sender=sender,
         origin_server_ts=BASE_TS + n * 60_000,
         event_type="m.room.message",
         body=f"message {n}",
-        **kw,  # type: ignore[arg-type]
     )
+    return replace(item, **kw)  # type: ignore[arg-type]
 
 
-def gap(gap_id: str = "g1", lifecycle: GapLifecycle = GapLifecycle.Idle, **kw: object):
+def gap(
+    gap_id: str = "g1", lifecycle: GapLifecycle = GapLifecycle.Idle, failure: str | None = None
+) -> HistoryGapItem:
     return HistoryGapItem(
         id=gap_id,
         older_boundary="$older",
         newer_boundary="$newer",
         lifecycle=lifecycle,
-        **kw,  # type: ignore[arg-type]
+        failure=failure,
     )
 
 
@@ -114,7 +116,7 @@ class FakeEngine:
     # -- the app's connect -----------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def connect(self, sink: EventSink) -> AsyncIterator[FakeEngine]:
+    async def connect(self, sink: EventSink) -> AsyncGenerator[FakeEngine]:
         self.sink = sink
         try:
             yield self
@@ -193,7 +195,7 @@ class FakeEngine:
 
     # -- internals -------------------------------------------------------------------------
 
-    async def _publish(self, event) -> None:  # noqa: ANN001
+    async def _publish(self, event) -> None:
         assert self.sink is not None
         await self.sink.publish(event)
 

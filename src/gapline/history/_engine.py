@@ -669,14 +669,14 @@ class Engine:
         top = await self.store.top_gap(room.room_id)
         if top is not None and (top.cursor is None or top.lifecycle is GapLifecycle.Unavailable):
             return
-        state = await self._room_write(room.room_id, lambda s: s.start_top())
+        state = WalkState(None, None if top is None else top.gap_id)
         flow = backwards_walk(
             room.room_id,
             None if top is None else top.cursor,
             page_size=self.config.initial_history_limit,
             budget=1,
         )
-        outcome = await self._drive(room, flow, state or WalkState())
+        outcome = await self._drive(room, flow, state)
         log.info("initial history fallback for %s: %s", room.room_id, outcome)
 
     async def _retry_recent(self, room_id: str) -> Answer:
@@ -807,12 +807,14 @@ class Engine:
         timeline = room.timeline
         try:
             await timeline.flush_history()
+            remaining = count
             if not timeline.complete_below and timeline.low is not None:
                 window = await self.store.load_older(room.room_id, timeline.low, count)
                 if len(window.events) < count:
                     timeline.complete_below = True
                 await timeline.publish_diffs(timeline.prepend_window(window))
-                if len(window.events) >= count:
+                remaining -= len(window.events)
+                if remaining <= 0:
                     return Ok()
             if self.client is None:
                 return Ok()
@@ -821,14 +823,16 @@ class Engine:
                 top.cursor is None or top.lifecycle is GapLifecycle.Unavailable
             ):
                 return Ok()  # the top of accessible history is loaded
-            state = await self._room_write(room.room_id, lambda s: s.start_top())
+            # The first page finds the head of the oldest section in its own transaction.
+            state = WalkState(None, None if top is None else top.gap_id)
+            page_size = min(remaining, self.config.page_size)
             flow = backwards_walk(
                 room.room_id,
                 None if top is None else top.cursor,
-                page_size=min(count, self.config.page_size),
-                budget=1,
+                page_size=page_size,
+                budget=-(-remaining // page_size),
             )
-            outcome = await self._drive(room, flow, state or WalkState())
+            outcome = await self._drive(room, flow, state)
         except asyncio.CancelledError:
             _uncancel()
             await timeline.flush_history()

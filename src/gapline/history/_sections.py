@@ -256,25 +256,6 @@ class Sections:
 
     # -- walks backwards -------------------------------------------------------------------
 
-    def start_fill(self, gap_id: str) -> WalkState | None:
-        """The walk state for filling ``gap_id``; ``None`` when the gap is gone."""
-        gap = self.store.gap_by_id(self.tx, self.room, gap_id)
-        if gap is None:
-            return None
-        head = self.store.section_head(self.tx, self.room, gap.newer_ord)
-        assert head is not None
-        return WalkState((gap.newer_ord, head), gap.gap_id)
-
-    def start_top(self) -> WalkState | None:
-        """The walk state for paginating the room's top; ``None`` for an empty room."""
-        low = self.store.min_ord(self.tx, self.room)
-        if low is None:
-            return WalkState()
-        head = self.store.section_head(self.tx, self.room, low)
-        gap = self.store.gap_before(self.tx, self.room, low)
-        assert head is not None
-        return WalkState((low, head), None if gap is None else gap.gap_id)
-
     def walk_page(
         self,
         state: WalkState,

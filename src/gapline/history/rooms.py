@@ -60,9 +60,7 @@ class RoomDirectory:
 
     def summaries(self) -> tuple[RoomSummary, ...]:
         """Every joined room, by label (case-insensitive), then id."""
-        return tuple(
-            sorted(self._rooms.values(), key=lambda r: (r.label.casefold(), r.room_id))
-        )
+        return tuple(sorted(self._rooms.values(), key=lambda r: (r.label.casefold(), r.room_id)))
 
     def get(self, room_id: str) -> RoomSummary | None:
         return self._rooms.get(room_id)

@@ -18,8 +18,10 @@ Provenance is what the sync answer says, never a local guess (contract 11):
 Room-lifecycle state (our own membership) has its own rule and is never
 labelled LIVE/RECOVERED/HISTORY: an invite is a *dispatch* (join or reject,
 per ``--allow-inviter``); a room under ``rooms.leave`` is a *reported
-departure* fenced exactly once (contract 8); our join seen in a room's state
-is a baseline record only (nothing to do: the epoch moves on departures).
+departure* fenced exactly once (contract 8); our join seen in a room's timeline
+is a baseline record: events before it in the same timeline were sent while
+we were not a member and are admitted as context, never dispatched, and a
+limited timeline that holds our join is not gap-recovered.
 
 Self-authored progress edits (contract 4) are not admitted at all.
 """
@@ -275,6 +277,7 @@ class IngressPolicy:
     long_poll_ms: int = 10_000
     recovery_page_size: int = 100
     recovery_max_pages: int = 10
+    room_concurrency: int = 32
 
     def may_invite(self, inviter: str) -> bool:
         return not self.allow_inviters or inviter in self.allow_inviters
@@ -351,23 +354,54 @@ class Ingress:
     async def process(
         self, response: SyncResponse, *, initial: bool, since: str | None = None
     ) -> None:
+        """Admit one sync answer. Rooms are admitted concurrently (so their commits can
+        share a group commit) and each room's events strictly in order: receipt order
+        is per-room order, which is the order the pending worker answers in."""
         rooms = response.rooms
-        for room_id, joined in rooms.join.items():
+        room_ids = list(dict.fromkeys([*rooms.join, *rooms.leave]))
+        gate = asyncio.Semaphore(self.policy.room_concurrency)
+
+        async def one(room_id: str) -> None:
+            async with gate:
+                await self._process_room(response, room_id, initial=initial, since=since)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for room_id in room_ids:
+                    group.create_task(one(room_id))
+        except BaseExceptionGroup as failed:
+            # Nothing of a failed room's batch past the failure was admitted and the
+            # token does not move: the caller sees the failure itself.
+            raise failed.exceptions[0] from failed
+        for room_id, invited in rooms.invite.items():
+            await self._invited(room_id, invited.invite_state.events)
+
+    async def _process_room(
+        self, response: SyncResponse, room_id: str, *, initial: bool, since: str | None
+    ) -> None:
+        joined = response.rooms.join.get(room_id)
+        if joined is not None:
             timeline = joined.timeline
             if initial:
                 provenance = Provenance.HISTORY
             elif timeline.limited:
                 provenance = Provenance.RECOVERED
-                if since is not None and timeline.prev_batch is not None:
+                if (
+                    since is not None
+                    and timeline.prev_batch is not None
+                    and not any(self._is_own_new_join(e) for e in timeline.events)
+                ):
                     # The server says events were left out between `since` and this
                     # timeline: page them back (bounded) and admit them first, oldest
-                    # first, so receipt order stays the room's order.
+                    # first, so receipt order stays the room's order. (Not when we just
+                    # joined: that gap predates our membership.)
                     gap = await self._recover_gap(room_id, timeline.prev_batch, since)
                     await self._admit_timeline(room_id, gap, Provenance.RECOVERED)
             else:
                 provenance = Provenance.LIVE
             await self._admit_timeline(room_id, timeline.events, provenance)
-        for room_id, left in rooms.leave.items():
+        left = response.rooms.leave.get(room_id)
+        if left is not None:
             provenance = Provenance.HISTORY if initial else Provenance.LIVE
             await self._admit_timeline(room_id, left.timeline.events, provenance)
             if not any(self._is_own_membership(e) for e in left.timeline.events):
@@ -375,8 +409,6 @@ class Ingress:
                 # the report. (No event id to remember it by; a redelivery after a
                 # crash can fence this one twice, which only advances the epoch again.)
                 await self._reported_departure(room_id, None)
-        for room_id, invited in rooms.invite.items():
-            await self._invited(room_id, invited.invite_state.events)
 
     async def _recover_gap(self, room_id: str, prev_batch: str, since: str) -> list[ClientEvent]:
         """The events a limited sync left out, oldest first, at most a bounded number of pages."""
@@ -404,6 +436,13 @@ class Ingress:
             log.warning("gap recovery stopped at its page budget", extra={"room_id": room_id})
         events.reverse()
         return events
+
+    def _is_own_new_join(self, event: ClientEvent) -> bool:
+        """Our own join that starts a membership (not a profile change: join after join)."""
+        if not (self._is_own_membership(event) and event.content.get("membership") == "join"):
+            return False
+        prev = event.unsigned.get("prev_content")
+        return not (isinstance(prev, Mapping) and prev.get("membership") == "join")
 
     def _is_own_membership(self, event: ClientEvent) -> bool:
         return event.type == "m.room.member" and event.state_key == self.principal_id
@@ -434,10 +473,18 @@ class Ingress:
             return 0
         echoes = 0
         epoch = await self.journal.epoch(room_id)
-        for event in events:
+        # Baseline record: what the timeline holds from before our (re)join was said
+        # while we were not a member. It is journaled and projected as context, never
+        # dispatched; its provenance label is left as the sync gave it.
+        joined_at = max(
+            (i + 1 for i, e in enumerate(events) if self._is_own_new_join(e)), default=0
+        )
+        for index, event in enumerate(events):
             if is_own_progress(event, self.principal_id):
                 continue
             kind = classify_kind(event, self.principal_id, provenance)
+            if index < joined_at and kind is EventKind.ACTIONABLE:
+                kind = EventKind.CONTEXT_ONLY
             resolved = await resolve_text(event, self.client)
             outcome = await self.journal.admit(
                 inbound_event(

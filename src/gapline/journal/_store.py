@@ -54,7 +54,10 @@ from gapline.journal._types import (
 )
 from gapline.storage import Backend, Dialect, Tx
 
-__all__ = ["JournalStore", "PrincipalJournal"]
+__all__ = ["MAX_CHUNK_EVENTS", "JournalStore", "PrincipalJournal"]
+
+MAX_CHUNK_EVENTS = 1000
+"""Bound of one ``project_chunk`` transaction: hydration commits in bounded steps."""
 
 
 def _channel(kind: str, principal_id: str) -> str:
@@ -501,6 +504,8 @@ class PrincipalJournal:
         """Project one bounded chunk of fetched history (not journaled: contract 3) in one
         epoch-checked transaction, through the same reducer as admission."""
         p = self._p
+        if len(events) > MAX_CHUNK_EVENTS:
+            raise ValueError(f"a hydration chunk holds at most {MAX_CHUNK_EVENTS} events")
         for event in events:
             if event.room_id != room_id:
                 raise ValueError(f"event {event.event_id} is not in {room_id}")

@@ -28,6 +28,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Input, Label, OptionList, ProgressBar, Static
 from textual.widgets.option_list import Option
 from textual.worker import Worker
@@ -106,9 +107,7 @@ class _AppSink:
 def _inserted_events(diffs: tuple[VectorDiff, ...]) -> int:
     """Rows a fill page adds: events inserted before the end (sync appends at the end)."""
     return sum(
-        1
-        for d in diffs
-        if isinstance(d, (Insert, PushFront)) and isinstance(d.value, EventItem)
+        1 for d in diffs if isinstance(d, (Insert, PushFront)) and isinstance(d.value, EventItem)
     )
 
 
@@ -119,7 +118,7 @@ class GaplineApp(App[int]):
     CSS = """
     Screen { layout: vertical; }
     #main { height: 1fr; }
-    #rooms { width: 24; height: 1fr; border: none; border-right: solid $panel-lighten-2; }
+    #rooms { width: 22; height: 1fr; border: none; border-right: solid $panel-lighten-2; }
     #rooms:focus { border-right: solid $accent; }
     #room { width: 1fr; height: 1fr; }
     #room-title { height: 1; padding: 0 1; background: $panel; color: $text; text-style: bold; }
@@ -127,6 +126,7 @@ class GaplineApp(App[int]):
     #fill.-running { display: block; }
     #fill Label { width: auto; color: $accent; padding-left: 1; }
     #fill ProgressBar { width: auto; }
+    #fill Bar { width: 12; }
     #status { height: 1; padding: 0 1; background: $panel; color: $text-muted; }
     #status.-failed { color: $error; }
     #compose { height: 1; border: none; padding: 0 1; background: $surface; }
@@ -151,8 +151,12 @@ class GaplineApp(App[int]):
         room_id: str | None = None,
         page_budget: int | None = None,
         tz: tzinfo | None = None,
+        show_first_gap: bool = False,
     ) -> None:
         super().__init__()
+        # The demo's "see the gap at once": when the first recent load settles, select
+        # the newest gap and scroll it to the middle of the pane.
+        self._show_first_gap = show_first_gap
         self._connect = connect
         self.directory = rooms if rooms is not None else RoomDirectory()
         self.room_id = room_id
@@ -176,26 +180,32 @@ class GaplineApp(App[int]):
                 yield Static("", id="room-title")
                 yield TimelineView(tz=self.tz, id="timeline")
                 with Horizontal(id="fill"):
-                    yield ProgressBar(
-                        total=self.page_budget, show_eta=False, show_percentage=False
-                    )
+                    yield ProgressBar(total=self.page_budget, show_eta=False, show_percentage=False)
                     yield Label("", id="fill-label")
                 yield Static("", id="status")
                 yield Input(placeholder="write a message · enter sends · esc leaves", id="compose")
         yield Footer()
+
+    def on_resize(self) -> None:
+        # Below 70 columns the room list would squeeze the timeline: tab still reaches
+        # nothing hidden, and the title line names the room.
+        self.query_one("#rooms").display = self.size.width >= 70
 
     @property
     def timeline(self) -> TimelineView:
         return self.query_one(TimelineView)
 
     def on_mount(self) -> None:
-        self._unsubscribe = self.directory.subscribe(lambda: self.post_message(RoomsChanged()))
+        self._unsubscribe = self.directory.subscribe(self._directory_changed)
         self._refresh_rooms()
         self._refresh_status()
         self.timeline.focus()
         self._engine_worker = self.run_worker(
             self._run_engine(), name="engine", group="engine", exit_on_error=False
         )
+
+    def _directory_changed(self) -> None:
+        self.post_message(RoomsChanged())
 
     async def _run_engine(self) -> None:
         try:
@@ -229,9 +239,7 @@ class GaplineApp(App[int]):
 
     def command(self, command: Command) -> Worker[Answer | None]:
         """Run ``command`` in a worker of its own (so ``Cancel`` reaches a running fill)."""
-        return self.run_worker(
-            self._execute(command), group="commands", exit_on_error=False
-        )
+        return self.run_worker(self._execute(command), group="commands", exit_on_error=False)
 
     async def _execute(self, command: Command) -> Answer | None:
         if self._engine is None:
@@ -276,10 +284,10 @@ class GaplineApp(App[int]):
         if len(self.mirror.items(room_id) or ()) == rows_before:
             self.notice("the start of this room's accessible history is loaded")
 
-    def notice(self, text: str, *, severity: str = "information") -> None:
+    def notice(self, text: str, *, severity: SeverityLevel = "information") -> None:
         """A short notice (a toast); kept in :attr:`notices` for tests and the log."""
         self.notices.append(text)
-        self.notify(text, severity=severity, timeout=5)  # type: ignore[arg-type]
+        self.notify(text, severity=severity, timeout=5)
 
     # -- actions -------------------------------------------------------------------------
 
@@ -320,7 +328,7 @@ class GaplineApp(App[int]):
         event.input.clear()
         self.command(SendMessage(self.room_id, body))
 
-    def on_key(self, event) -> None:  # noqa: ANN001 - textual.events.Key
+    def on_key(self, event) -> None:
         if event.key == "escape" and self.focused is self.query_one("#compose", Input):
             self.timeline.focus()
             event.stop()
@@ -347,6 +355,9 @@ class GaplineApp(App[int]):
         self._refresh_status()
 
     def on_rooms_changed(self, _message: RoomsChanged) -> None:
+        if self.room_id is None and (rooms := self.directory.summaries()):
+            self.show_room(rooms[0].room_id)
+            return
         self._refresh_rooms()
         self._refresh_status()
 
@@ -408,6 +419,14 @@ class GaplineApp(App[int]):
                     view.apply(diffs)
                     view.refresh_gaps()
             case RecentHistoryChanged(room_id=room_id, state=state):
+                if (
+                    self._show_first_gap
+                    and room_id == self.room_id
+                    and state.kind is RecentHistoryKind.Loaded
+                    and (gaps := view.gaps())
+                ):
+                    self._show_first_gap = False
+                    view.select(gaps[-1].id, center=True)
                 if state.kind is RecentHistoryKind.Idle:
                     gap_id = self._fills.pop(room_id, None)
                     if gap_id is not None:
@@ -437,7 +456,7 @@ class GaplineApp(App[int]):
         pages = "page" if progress.pages == 1 else "pages"
         of = f"/{self.page_budget}" if self.page_budget is not None else ""
         self.query_one("#fill-label", Label).update(
-            f"filling gap: {progress.pages}{of} {pages}, {progress.events} events · c cancels"
+            f"filling: {progress.pages}{of} {pages}, {progress.events} events"
         )
 
     def _refresh_status(self) -> None:

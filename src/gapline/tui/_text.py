@@ -66,7 +66,7 @@ def gap_label(
         case GapLifecycle.Idle:
             return "gap in history · f to fill"
         case GapLifecycle.Unavailable:
-            return "start of accessible history · the server has nothing older"
+            return "start of accessible history"
         case GapLifecycle.Failed:
             return f"failed: {gap.failure} · f to retry"
         case GapLifecycle.Paused:
@@ -143,15 +143,15 @@ def recent_label(state: RecentHistoryState, *, report: HistoryRepairReport | Non
     """The status line's words for a room's recent-history state."""
     match state.kind:
         case RecentHistoryKind.Loading:
-            text = "loading recent history…"
+            text = "recent: loading…"
         case RecentHistoryKind.Loaded:
-            text = "recent history loaded"
+            text = "recent: loaded"
         case RecentHistoryKind.Cancelled:
-            text = "recent history: cancelled · r to retry"
+            text = "recent: cancelled · r to retry"
         case RecentHistoryKind.Failed:
-            text = f"recent history failed: {state.message} · r to retry"
+            text = f"recent: failed: {state.message} · r to retry"
         case _:
-            text = "room not open"
+            text = "opening…"
     if report is not None and report.phase is not RepairPhase.Bridging:
         text += " · last fill: " + _report_words(report)
     return text
@@ -160,7 +160,7 @@ def recent_label(state: RecentHistoryState, *, report: HistoryRepairReport | Non
 def _report_words(report: HistoryRepairReport) -> str:
     counts = f"{_plural(report.pages, 'page')}, {_plural(report.events, 'event')}"
     if report.phase is RepairPhase.Ready:
-        return f"gap filled ({counts}, continuity verified)"
+        return f"filled, verified ({counts})"
     if report.failure is not None:
         return f"failed after {counts}"
     if report.stop is RepairStop.HistoryUnavailable:

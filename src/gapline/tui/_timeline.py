@@ -104,7 +104,10 @@ class GapRow(Row):
             progress=self._view.progress.get(self.item.id),
             report=self._view.reports.get(self.item.id),
         )
-        width = max(self.content_region.width, len(label) + 6)
+        width = self.content_region.width
+        if len(label) + 6 > width:
+            # Too narrow for the rule: the words alone, wrapped, still say it all.
+            return Text(label, no_wrap=False)
         return Text(f" {label} ".center(width, "─"), no_wrap=False)
 
     def set_item(self, item: TimelineItem) -> None:
@@ -171,6 +174,7 @@ class TimelineView(VerticalScroll, can_focus=True):
         self.reports: dict[str, HistoryRepairReport] = {}
         self.muted_style = "dim"
         self.sender_style = "bold"
+        self._place: tuple[bool, Row | None, float] | None = None
 
     def on_mount(self) -> None:
         self._restyle_for_theme()
@@ -213,9 +217,17 @@ class TimelineView(VerticalScroll, can_focus=True):
 
     def apply(self, diffs: Sequence[VectorDiff]) -> None:
         """Apply one ``TimelineChanged``'s diffs to the rows, in place."""
-        at_bottom = self.scroll_y >= self.max_scroll_y - 1
-        anchor = self._top_visible_row()
-        anchor_offset = (anchor.virtual_region.y - self.scroll_y) if anchor is not None else 0
+        # Where the reader is, measured once per burst of diffs: a burst (a fill's
+        # pages, a back-pagination) lands before the layout catches up, so the
+        # rows' regions are only trustworthy before the first diff of a burst.
+        if self._place is None:
+            anchor = self._top_visible_row()
+            self._place = (
+                self.scroll_y >= self.max_scroll_y - 1,
+                anchor,
+                (anchor.virtual_region.y - self.scroll_y) if anchor is not None else 0,
+            )
+            self.call_after_refresh(self._keep_place)
         selected_index = self._index_of(self.selected_id)
         for diff in diffs:
             self._apply_one(diff)
@@ -230,15 +242,15 @@ class TimelineView(VerticalScroll, can_focus=True):
             self.selected_id = self.rows[-1].item.id
         self._mark_selected()
 
-        def keep_place() -> None:
-            if at_bottom:
-                self.scroll_end(animate=False, immediate=True)
-            elif anchor is not None and anchor.parent is self:
-                self.scroll_to(
-                    y=anchor.virtual_region.y - anchor_offset, animate=False, immediate=True
-                )
-
-        self.call_after_refresh(keep_place)
+    def _keep_place(self) -> None:
+        if self._place is None:
+            return
+        at_bottom, anchor, offset = self._place
+        self._place = None
+        if at_bottom:
+            self.scroll_end(animate=False, immediate=True)
+        elif anchor is not None and anchor.parent is self:
+            self.scroll_to(y=anchor.virtual_region.y - offset, animate=False, immediate=True)
 
     def refresh_gaps(self) -> None:
         """Repaint gap rows after fill progress or reports changed."""
@@ -306,11 +318,16 @@ class TimelineView(VerticalScroll, can_focus=True):
 
     # -- selection -----------------------------------------------------------------------
 
-    def select(self, item_id: str | None) -> None:
+    def select(self, item_id: str | None, *, center: bool = False) -> None:
         self.selected_id = item_id
         self._mark_selected()
         row = self.row(item_id) if item_id is not None else None
-        if row is not None:
+        if row is None:
+            return
+        if center:
+            # After the pending layout, so a row mounted just now has its place.
+            self.call_after_refresh(self.scroll_to_center, row, animate=False, immediate=True)
+        else:
             self.scroll_to_widget(row, animate=False, immediate=True)
 
     def _mark_selected(self) -> None:
@@ -345,4 +362,3 @@ class TimelineView(VerticalScroll, can_focus=True):
                     return row.item
         gaps = self.gaps()
         return gaps[-1] if gaps else None
-

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ def engine_connect(
     """The app's ``connect``: a client for ``session`` and the engine over ``store``."""
 
     @contextlib.asynccontextmanager
-    async def connect(sink: EventSink) -> AsyncIterator[EngineHandle]:
+    async def connect(sink: EventSink) -> AsyncGenerator[EngineHandle]:
         async with _ObservedClient(
             homeserver, session=session, directory=directory, trust_env=trust_env
         ) as client:

@@ -39,6 +39,7 @@ from gapline.history import (
     HistoryRepairReport,
     Mirror,
     OpenRoom,
+    PaginateBackwards,
     Publisher,
     RepairPhase,
     RetryRecent,
@@ -76,6 +77,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="no terminal UI: print the timeline before and after filling the gap",
     )
     parser.add_argument(
+        "--screenshots",
+        type=Path,
+        metavar="DIR",
+        help="no terminal: run the TUI headless and save gap-before.svg / gap-after.svg in DIR",
+    )
+    parser.add_argument(
         "--first", type=int, default=40, metavar="N", help="messages retained first (40)"
     )
     parser.add_argument(
@@ -102,6 +109,8 @@ async def _main(args: argparse.Namespace) -> int:
         return 1
     try:
         story = await prepare_story(server, workdir / "store", first=args.first, more=args.more)
+        if args.screenshots is not None:
+            return await screenshots(story, args.screenshots)
         if args.headless:
             return await headless(story)
         return await _tui(story)
@@ -120,15 +129,15 @@ async def prepare_story(
     say: Callable[[str], None] = _say,
 ) -> Story:
     """Steps 2 to 4 of the story; returns what the reader's client needs to open the room."""
-    alice = await server.register_user(server.unique_localpart("alice"), "alice-password")
-    bob = await server.register_user(server.unique_localpart("bob"), "bob-password")
+    alice = await server.register_user("alice", "alice-password")
+    bob = await server.register_user("bob", "bob-password")
     room_id = await server.create_room(bob, name=ROOM_NAME)
     await server.invite_and_join(bob, room_id, alice)
     say(f"{bob.user_id} writes {first} messages in {room_id} …")
     await server.send_messages(bob, room_id, [f"early message {i + 1}" for i in range(first)])
 
     say(f"{alice.user_id}'s client syncs and retains them …")
-    store.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(store.mkdir, parents=True, exist_ok=True)
     async with (
         server.client(alice) as client,
         Engine.open(store, client, passphrase=PASSPHRASE, sync=False) as engine,
@@ -136,6 +145,7 @@ async def prepare_story(
         await engine.sync_once(initial=True)
         await engine.execute(OpenRoom(room_id))
         await engine.execute(HistoryRepair(RetryRecent(room_id)))  # waits for the recent load
+        await engine.execute(PaginateBackwards(room_id, first + 20))  # retain the whole stretch
 
     say(f"the client is closed; {bob.user_id} writes {more} more messages …")
     await server.send_messages(bob, room_id, [f"later message {i + 1}" for i in range(more)])
@@ -227,10 +237,21 @@ async def headless(story: Story) -> int:
         _say(f"\ntimeline of {ROOM_NAME!r} after the fill:")
         for line in timeline_text(items):
             _say(line)
+        at = next(
+            (
+                i
+                for i, it in enumerate(items)
+                if getattr(it, "event_id", None) == gap.older_boundary
+            ),
+            None,
+        )
+        if at is not None:
+            _say("\nwhere the gap was:")
+            for item in items[max(0, at - 1) : at + 3]:
+                _say("  " + item_line(item))
         settled = [r for r in reports.reports if r.gap_id == gap.id and r.settled]
         verified = bool(settled) and (
-            settled[-1].phase is RepairPhase.Ready
-            and settled[-1].continuity is Continuity.Verified
+            settled[-1].phase is RepairPhase.Ready and settled[-1].continuity is Continuity.Verified
         )
         still_there = any(i.id == gap.id for i in items)
         if verified and not still_there:
@@ -251,12 +272,56 @@ async def _tui(story: Story) -> int:
         rooms=directory,
         room_id=story.room_id,
         page_budget=DEMO_CONFIG.page_budget,
+        show_first_gap=True,
     )
     await app.run_async()
     return 0
 
 
-def demo_connect(story: Story, directory: RoomDirectory):  # noqa: ANN201 - a Connect
+async def screenshots(story: Story, out: Path, *, size: tuple[int, int] = (100, 30)) -> int:
+    """The TUI on the demo room without a terminal: a screenshot before and after ``f``."""
+    directory = RoomDirectory([RoomSummary(story.room_id, name=ROOM_NAME)])
+    app = GaplineApp(
+        demo_connect(story, directory),
+        rooms=directory,
+        room_id=story.room_id,
+        page_budget=DEMO_CONFIG.page_budget,
+        show_first_gap=True,
+    )
+    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
+    async with app.run_test(size=size) as pilot:
+
+        async def until(done: Callable[[], bool], what: str) -> None:
+            for _ in range(600):
+                if done():
+                    return
+                await pilot.pause(0.05)
+            raise TimeoutError(f"the demo TUI never showed {what}")
+
+        def loaded() -> bool:
+            return (
+                bool(app.timeline.gaps())
+                and app.mirror.state.recent(story.room_id).kind.value == "Loaded"
+            )
+
+        await until(loaded, "the gap")
+        await pilot.pause()
+        app.save_screenshot("gap-before.svg", path=str(out))
+        await pilot.press("f")
+
+        def filled() -> bool:
+            report = app.mirror.state.repairs.get(story.room_id)
+            return report is not None and report.phase is RepairPhase.Ready
+
+        await until(filled, "the gap filled")
+        await pilot.pause()
+        app.save_screenshot("gap-after.svg", path=str(out))
+        await app.shutdown()
+    _say(f"saved {out / 'gap-before.svg'} and {out / 'gap-after.svg'}")
+    return 0
+
+
+def demo_connect(story: Story, directory: RoomDirectory):
     return engine_connect(
         story.server.base_url,
         story.reader,
