@@ -139,9 +139,11 @@ class _Operation:
     """The one history operation a room runs; its task returns the command's answer."""
 
     kind: str  # "recent" | "fill" | "paginate"
+    cancelled_early: Callable[[], Awaitable[Answer]]
     task: asyncio.Task[Answer] | None = None
     started: bool = False
-    cancelled_early: Callable[[], Awaitable[Answer]] | None = None
+    cancel_requested: bool = False
+    launched: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(eq=False)
@@ -486,13 +488,21 @@ class Engine:
 
     async def _stop_operation(self, room: _Room) -> None:
         op = room.op
-        if op is None or op.task is None:
+        if op is None:
+            return
+        if op.task is None:
+            # Reserved, still publishing its first event: it runs its cancelled
+            # outcome instead of its body as soon as it launches.
+            op.cancel_requested = True
+            await op.launched.wait()
+            if op.task is not None:  # None: it gave up before launching
+                await asyncio.wait([op.task])
             return
         op.task.cancel()
         await asyncio.wait([op.task])
         if room.op is op:  # cancelled before it ran, so its own cleanup never did
             room.op = None
-        if not op.started and op.cancelled_early is not None:
+        if not op.started:
             # Cancelled before it ran a line: publish its outcome on its behalf.
             await op.cancelled_early()
 
@@ -504,6 +514,32 @@ class Engine:
         await room.timeline.flush_history()
         return Ok()
 
+    def _reserve(
+        self, room: _Room, kind: str, early: Callable[[], Awaitable[Answer]]
+    ) -> _Operation:
+        """Claim the room's one operation slot before any await (so nothing overlaps)."""
+        op = _Operation(kind, cancelled_early=early)
+        room.op = op
+        return op
+
+    def _launch(self, room: _Room, op: _Operation, body: Callable[[], Awaitable[Answer]]) -> None:
+        async def run() -> Answer:
+            op.started = True
+            try:
+                if op.cancel_requested:  # cancelled between reservation and launch
+                    return await _shielded(op.cancelled_early())
+                return await body()
+            except asyncio.CancelledError:
+                # Cancelled outside the places that turn it into an outcome.
+                _uncancel()
+                return await _shielded(op.cancelled_early())
+            finally:
+                if room.op is op:
+                    room.op = None
+
+        op.task = self._tg.create_task(run(), name=f"history-{op.kind}-{room.room_id}")
+        op.launched.set()
+
     def _start(
         self,
         room: _Room,
@@ -511,22 +547,8 @@ class Engine:
         body: Callable[[], Awaitable[Answer]],
         early: Callable[[], Awaitable[Answer]],
     ) -> _Operation:
-        op = _Operation(kind, cancelled_early=early)
-
-        async def run() -> Answer:
-            op.started = True
-            try:
-                return await body()
-            except asyncio.CancelledError:
-                # Cancelled outside the places that turn it into an outcome.
-                _uncancel()
-                return await _shielded(early())
-            finally:
-                if room.op is op:
-                    room.op = None
-
-        op.task = self._tg.create_task(run(), name=f"history-{kind}-{room.room_id}")
-        room.op = op
+        op = self._reserve(room, kind, early)
+        self._launch(room, op, body)
         return op
 
     async def _answer_of(self, op: _Operation) -> Answer:
@@ -631,13 +653,16 @@ class Engine:
         await self._publish(RecentHistoryChanged(room.room_id, state))
 
     async def _start_recent(self, room: _Room) -> _Operation:
-        await self._set_recent(room, RecentHistoryState.LOADING)
-
         async def early() -> Answer:
             await self._set_recent(room, RecentHistoryState.CANCELLED)
             return Interrupted()
 
-        return self._start(room, "recent", lambda: self._recent(room), early)
+        op = self._reserve(room, "recent", early)
+        try:
+            await self._set_recent(room, RecentHistoryState.LOADING)
+        finally:
+            self._launch(room, op, lambda: self._recent(room))
+        return op
 
     async def _recent(self, room: _Room) -> Answer:
         if self.client is None:
@@ -719,14 +744,27 @@ class Engine:
             return RoomBusy()
         if self.client is None:
             return Failed("no homeserver client: the engine runs offline")
-        await self._publish(
-            HistoryRepairChanged(HistoryRepairReport(room_id=room_id, gap_id=gap_id))
-        )
 
         async def early() -> Answer:
             return await self._settle_fill(room, gap_id, WalkOutcome(WalkEnd.Cancelled, 0, 0))
 
-        op = self._start(room, "fill", lambda: self._fill(room, gap_id, gap.cursor), early)
+        op = self._reserve(room, "fill", early)
+        launched = False
+        try:
+            # Read the cursor again now that nothing else can move it.
+            current = await self.store.gap(room_id, gap_id)
+            if current is None:
+                return EventNotFound()
+            await self._publish(
+                HistoryRepairChanged(HistoryRepairReport(room_id=room_id, gap_id=gap_id))
+            )
+            self._launch(room, op, lambda: self._fill(room, gap_id, current.cursor))
+            launched = True
+        finally:
+            if not launched:
+                if room.op is op:
+                    room.op = None
+                op.launched.set()
         return await self._answer_of(op)
 
     async def _fill(self, room: _Room, gap_id: str, cursor: str | None) -> Answer:

@@ -24,6 +24,7 @@ from gapline.meshline import (
     DeviceCertificate,
     MeshlineError,
     MessageEnvelope,
+    b64u_encode,
     check_account_id,
     check_box_set,
     check_message_id,
@@ -34,7 +35,6 @@ from gapline.meshline import (
     verify_device_state,
     verify_envelope,
 )
-from gapline.meshline._base64 import b64u_encode
 from gapline.relay._config import RelayConfig
 from gapline.relay._errors import RelayFailure, failure_from_meshline
 from gapline.relay._timeline_store import (

@@ -20,8 +20,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, web
 
-from gapline.meshline import AccountKey
-from gapline.meshline._base64 import b64u_decode, b64u_encode
+from gapline.meshline import AccountKey, b64u_decode, b64u_encode
 from gapline.relay._config import RelayConfig
 from gapline.relay._errors import RelayFailure
 from gapline.relay._http import http_handler

@@ -67,22 +67,33 @@ def engine_connect(
     passphrase: str,
     config: EngineConfig,
     directory: RoomDirectory,
-    trust_env: bool = True,
     kdf_cost: Any = None,
+    sync: bool = True,
+    **client_kwargs: Any,
 ) -> Connect:
-    """The app's ``connect``: a client for ``session`` and the engine over ``store``."""
+    """The app's ``connect``: a client for ``session`` and the engine over ``store``.
+
+    ``client_kwargs`` go to the ``MatrixClient`` (``trust_env=False`` for a
+    loopback server, a ``transport`` in tests).
+    """
 
     @contextlib.asynccontextmanager
     async def connect(sink: EventSink) -> AsyncGenerator[EngineHandle]:
         async with _ObservedClient(
-            homeserver, session=session, directory=directory, trust_env=trust_env
+            homeserver, session=session, directory=directory, **client_kwargs
         ) as client:
             try:
                 await client.sync(timeout_ms=0, filter=ROOM_LIST_FILTER)
             except MatrixError as exc:  # the room list waits for the engine's sync then
                 log.warning("room list: %s", exc)
             async with Engine.open(
-                store, client, passphrase=passphrase, sink=sink, config=config, kdf_cost=kdf_cost
+                store,
+                client,
+                passphrase=passphrase,
+                sink=sink,
+                config=config,
+                kdf_cost=kdf_cost,
+                sync=sync,
             ) as engine:
                 yield engine
 
