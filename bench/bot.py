@@ -73,6 +73,7 @@ class Answer:
 class Timings:
     def __init__(self) -> None:
         self.answers: dict[str, Answer] = defaultdict(Answer)
+        self.ops: dict[str, list[float]] = defaultdict(list)
 
     def add(self, turn_id: str, started: float, ended: float, *, span: str | None = None) -> None:
         answer = self.answers[turn_id]
@@ -94,11 +95,15 @@ class TimedJournal:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    async def _timed(self, turn_id: str | None, call: Awaitable[Any], span: str | None) -> Any:
+    async def _timed(
+        self, turn_id: str | None, call: Awaitable[Any], span: str | None, op: str
+    ) -> Any:
         started = time.perf_counter()
         result = await call
+        ended = time.perf_counter()
+        self._t.ops[op].append(ended - started)
         if turn_id is not None:
-            self._t.add(turn_id, started, time.perf_counter(), span=span)
+            self._t.add(turn_id, started, ended, span=span)
         return result
 
     async def admit(self, event: InboundEvent, *, epoch: int) -> Any:
@@ -108,27 +113,31 @@ class TimedJournal:
         if answer.admit_start is None:
             answer.admit_start = time.perf_counter()
         return await self._timed(
-            event.event_id, self._inner.admit(event, epoch=epoch), "admit_to_enqueue"
+            event.event_id, self._inner.admit(event, epoch=epoch), "admit_to_enqueue", "admit"
         )
 
     async def begin_turn(self, source_event_id: str) -> Any:
         return await self._timed(
-            source_event_id, self._inner.begin_turn(source_event_id), "admit_to_enqueue"
+            source_event_id,
+            self._inner.begin_turn(source_event_id),
+            "admit_to_enqueue",
+            "begin_turn",
         )
 
     async def record_result(self, turn_id: str, result: bytes) -> Any:
         return await self._timed(
-            turn_id, self._inner.record_result(turn_id, result), "admit_to_enqueue"
+            turn_id, self._inner.record_result(turn_id, result), "admit_to_enqueue", "record_result"
         )
 
     async def turn(self, turn_id: str) -> Any:
-        return await self._timed(turn_id, self._inner.turn(turn_id), "admit_to_enqueue")
+        return await self._timed(turn_id, self._inner.turn(turn_id), "admit_to_enqueue", "turn")
 
     async def enqueue(self, request: DeliveryRequest, *, settle_source: bool = False) -> Any:
         result = await self._timed(
             request.turn_id,
             self._inner.enqueue(request, settle_source=settle_source),
             "admit_to_enqueue",
+            "enqueue",
         )
         if request.stage is DeliveryStage.FINAL:
             self._t.answers[request.turn_id].enqueue_final_end = time.perf_counter()
@@ -138,6 +147,7 @@ class TimedJournal:
         started = time.perf_counter()
         deliveries = await self._inner.claim(limit)
         ended = time.perf_counter()
+        self._t.ops["claim"].append(ended - started)
         for delivery in deliveries:
             # A row still in flight is offered again by later claims; only the claim
             # that first handed it out is part of its latency.
@@ -157,6 +167,7 @@ class TimedJournal:
             delivery.turn_id,
             self._inner.acknowledge(delivery, event_id),
             "claim_to_ack" if final else None,
+            "acknowledge",
         )
         if final:
             answer = self._t.answers[delivery.turn_id]
@@ -273,6 +284,9 @@ async def run(
         "claim_to_ack_ms": summary(c2a),
         "claim_to_ack_journal_ms": summary([a.journal_claim_to_ack_s for a in done]),
         "journal_share": {"p50": round(pct(share, 0.5), 4), "p95": round(pct(share, 0.95), 4)},
+        "journal_ops_ms": {
+            op: summary(v) | {"calls": len(v)} for op, v in sorted(timings.ops.items())
+        },
         "target_journal_share": 0.10,
         "target_met": bool(share) and pct(share, 0.5) < 0.10,
     }

@@ -37,6 +37,7 @@ def test_gap_fill_bench_quick():
     for key in (
         "fake_overhead_ms_per_page",
         "fake_total_ms_per_page",
+        "fake_overhead_cpu_ms_per_page",
         "synapse_fill_ms",
         "synapse_raw_ms",
         "synapse_ratio",

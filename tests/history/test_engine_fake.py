@@ -585,3 +585,27 @@ async def test_recent_load_faults_are_readable_and_lose_nothing(
         fake.clear_faults()
         assert await h.engine.execute(HistoryRepair(RetryRecent(room))) == Ok()
         assert event_ids(h.engine.timeline(room).state.items)[-30:] == fake.event_ids(room)[-30:]
+
+
+async def test_simultaneous_commands_never_run_two_operations(tmp_path, fake, alice):
+    room = fake.create_room(alice.user_id, name="r")
+    await retain_all(tmp_path, fake, alice, room)
+    async with client_for(fake, alice) as client, open_engine(tmp_path, client) as h:
+        await open_settled(h, room)
+        gap_id = await make_gap(h, fake, alice, room, 300)
+        fill = HistoryRepair(FillGap(room, gap_id))
+        answers = await asyncio.gather(h.engine.execute(fill), h.engine.execute(fill))
+        assert sorted(map(repr, answers)) == ["Ok()", "RoomBusy()"]
+        assert len(h.recorder.reports()) == 2
+        answers = await asyncio.gather(
+            h.engine.execute(PaginateBackwards(room)), h.engine.execute(fill)
+        )
+        assert answers == [Ok(), RoomBusy()]  # the first to claim the room runs
+        # A Cancel issued in the same breath as the fill still yields one settled report.
+        answers = await asyncio.gather(
+            h.engine.execute(fill), h.engine.execute(HistoryRepair(CancelCmd(room)))
+        )
+        assert answers[1] == Ok() and answers[0] in (Interrupted(), Ok())
+        bridging, settled = h.recorder.reports()[2:]
+        assert bridging.phase is RepairPhase.Bridging and settled.phase is not RepairPhase.Bridging
+        assert_mirror_matches(h, room)

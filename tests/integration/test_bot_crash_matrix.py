@@ -106,6 +106,13 @@ async def crash_and_restart(
 
             await eventually(all_delivered, within=90, what="both turns delivered after restart")
             events = await room_events(client, room)
+
+            # Both turns may have been delivered before the crash (the worker acknowledges
+            # concurrently): let the restarted bot finish starting before asking it to stop.
+            async def restarted() -> bool:
+                return log.read_text().count('"msg": "ready"') >= 2
+
+            await eventually(restarted, what="the restarted bot's first sync")
         assert stop(second) == 0, log.read_text()[-3000:]
     finally:
         for process in (first, second):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncGenerator
+from datetime import UTC
+
 import pytest
-from textual.widgets import Input, ProgressBar
+from textual.widgets import Input, OptionList, ProgressBar
 
 from gapline.history import (
     Cancel,
+    EventSink,
     FillGap,
     GapLifecycle,
     HistoryRepair,
@@ -14,8 +19,10 @@ from gapline.history import (
     RetryRecent,
     SendMessage,
 )
+from gapline.history.rooms import RoomDirectory, RoomSummary
+from gapline.tui import GaplineApp
 from gapline.tui._timeline import EventRow, GapRow
-from tests.tui.fake_engine import ROOM, FillPlan, gap, message
+from tests.tui.fake_engine import ROOM, FakeEngine, FillPlan, gap, message
 from tests.tui.support import gap_text, make_app, page, standard_items, until
 
 
@@ -47,7 +54,7 @@ async def test_fill_key_shows_progress_then_the_gap_goes_on_ready() -> None:
         fake.step()
         await until(pilot, lambda: "1 page, 3 events" in gap_text(app), "the first page")
         assert app.query_one(ProgressBar).progress == 1
-        assert "filling: 1/4 page, 3 events" in str(app.query_one("#fill-label").render())
+        assert "filling: 1 page of 4, 3 events" in str(app.query_one("#fill-label").render())
         fake.step()
         await until(pilot, lambda: "2 pages, 5 events" in gap_text(app), "the second page")
         # the pages land below the gap, oldest first, as the engine inserts them
@@ -214,3 +221,42 @@ async def test_retry_key_and_quit_close_the_engine() -> None:
         await pilot.press("q")
         await until(pilot, lambda: fake.closed, "the engine closed")
     assert fake.closed
+
+
+async def test_an_engine_that_cannot_open_is_a_notice() -> None:
+    @contextlib.asynccontextmanager
+    async def connect(_sink: EventSink) -> AsyncGenerator[FakeEngine]:
+        raise RuntimeError("wrong passphrase for the store")
+        yield  # pragma: no cover - never reached
+
+    app = GaplineApp(connect, room_id=ROOM, tz=UTC)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, app.notices.copy, "the first notice")
+        await pilot.press("r")  # a command with no engine: a notice too
+        await until(pilot, lambda: len(app.notices) == 2, "the second notice")
+        assert app.notices == [
+            "the engine stopped: wrong passphrase for the store",
+            "the engine is not running",
+        ]
+        assert app.is_running
+        await pilot.press("q")
+
+
+async def test_room_list_shows_loading_and_unread() -> None:
+    fake = FakeEngine({ROOM: standard_items()}, recent_settles=False)
+    rooms = RoomDirectory(
+        [RoomSummary(ROOM, name="design review"), RoomSummary("!other:x", name="ops", unread=3)]
+    )
+    app = GaplineApp(fake.connect, rooms=rooms, room_id=ROOM, tz=UTC)
+    async with app.run_test(size=(80, 24)) as pilot:
+        options = app.query_one(OptionList)
+
+        def prompts() -> list[str]:
+            return [str(options.get_option_at_index(i).prompt) for i in range(2)]
+
+        await until(pilot, lambda: "⟳" in prompts()[0], "the loading mark")
+        assert prompts() == ["design review ⟳", "ops (3)"]
+        assert "recent: loading…" in str(app.query_one("#status").render())
+        await pilot.press("r")  # the fake's RetryRecent settles the load
+        await until(pilot, lambda: prompts()[0] == "design review", "the load settled")
+        assert options.highlighted == 0

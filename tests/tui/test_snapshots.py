@@ -2,7 +2,7 @@
 
 One room holds a gap of each lifecycle (``Unavailable`` at the top, ``Failed``,
 ``Paused`` by the page budget, ``Idle``) and a gap being filled (one page in,
-progress bar shown), at 80x24 and at 160x48. Baselines live in
+progress bar shown), at 80x24 and at 160x48, and at 80x24 in the light theme. Baselines live in
 ``__snapshots__/``; regenerate them with ``--snapshot-update`` after looking
 at the SVGs.
 """
@@ -50,9 +50,14 @@ def _app():
     return make_app(every_state(), plans=plans)
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
-def test_every_gap_state(snap_compare, size: tuple[int, int]) -> None:
+@pytest.mark.parametrize(
+    ("size", "theme"),
+    [((80, 24), "textual-dark"), ((160, 48), "textual-dark"), ((80, 24), "textual-light")],
+    ids=["80x24", "160x48", "80x24-light"],
+)
+def test_every_gap_state(snap_compare, size: tuple[int, int], theme: str) -> None:
     app, fake = _app()
+    app.theme = theme
 
     async def run_before(pilot: Pilot) -> None:
         await until(pilot, lambda: app.timeline.gaps(), "the gaps")

@@ -55,10 +55,9 @@ RowKey = tuple[int, int, int]
 
 def event_item(event: ClientEvent, receipts: Iterable[str] = ()) -> EventItem:
     body = event.content.get("body")
-    relates = event.content.get("m.relates_to")
-    replaced = isinstance(event.unsigned.get("m.relations"), dict) and (
-        "m.replace" in event.unsigned["m.relations"]
-    )
+    # Edited: the server aggregated a replacement onto this event.
+    relations = event.unsigned.get("m.relations")
+    replaced = isinstance(relations, dict) and "m.replace" in relations
     return EventItem(
         id=event.event_id,
         event_id=event.event_id,
@@ -66,8 +65,7 @@ def event_item(event: ClientEvent, receipts: Iterable[str] = ()) -> EventItem:
         origin_server_ts=event.origin_server_ts,
         event_type=event.type,
         body=body if isinstance(body, str) else None,
-        edited=bool(replaced)
-        or (isinstance(relates, dict) and relates.get("rel_type") == "m.replace"),
+        edited=replaced,
         redacted=event.redacted_because is not None,
         receipts=tuple(sorted(receipts)),
     )

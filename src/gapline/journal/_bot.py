@@ -358,7 +358,9 @@ class Bot:
             worker.on_acknowledged = runner.acknowledged
 
             async def synced() -> None:
-                self.ready.set()
+                if not self.ready.is_set():
+                    log.info("ready", extra={"user_id": session.user_id})
+                    self.ready.set()
                 runner.wake()
 
             self.ingress = Ingress(

@@ -119,9 +119,11 @@ class DeliveryWorker:
     batch: int = 32
     poll_interval: float = 2.0
     max_backoff: float = 30.0
+    coalesce: float = 0.005
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _backoff: dict[tuple[str, DeliveryStage], _Backoff] = field(default_factory=dict)
     _inflight: set[tuple[str, DeliveryStage]] = field(default_factory=set)
+    _saturated: bool = False
 
     def wake(self) -> None:
         self._wake.set()
@@ -139,6 +141,10 @@ class DeliveryWorker:
                 await self._start_due(group)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=self._next_wait())
+                # Coalesce a burst of enqueues into one claim: every claim also re-marks
+                # the rows still in flight, so claiming per enqueue would contend with
+                # their acknowledgements for the same rows.
+                await asyncio.sleep(self.coalesce)
 
     async def _start_due(self, group: asyncio.TaskGroup) -> None:
         free = self.batch - len(self._inflight)
@@ -151,6 +157,7 @@ class DeliveryWorker:
             if key in self._inflight or self._backoff.get(key, _Backoff()).not_before > now:
                 continue
             if free <= 0:
+                self._saturated = True
                 break
             free -= 1
             self._inflight.add(key)
@@ -169,7 +176,10 @@ class DeliveryWorker:
             log.exception("delivery failed", extra={"turn_id": delivery.turn_id})
         finally:
             self._inflight.discard(key)
-            self._wake.set()
+            if self._saturated or key in self._backoff:
+                # Rows were left waiting for a free slot, or this one must be retried.
+                self._saturated = False
+                self._wake.set()
 
     def _next_wait(self) -> float:
         now = time.monotonic()

@@ -124,11 +124,11 @@ class GaplineApp(App[int]):
     #room-title { height: 1; padding: 0 1; background: $panel; color: $text; text-style: bold; }
     #fill { height: 1; padding: 0 1; display: none; }
     #fill.-running { display: block; }
-    #fill Label { width: auto; color: $accent; padding-left: 1; }
+    #fill Label { width: auto; color: $text-success; padding-left: 1; }
     #fill ProgressBar { width: auto; }
     #fill Bar { width: 12; }
     #status { height: 1; padding: 0 1; background: $panel; color: $text-muted; }
-    #status.-failed { color: $error; }
+    #status.-failed { color: $text-error; }
     #compose { height: 1; border: none; padding: 0 1; background: $surface; }
     #compose:focus { border: none; background: $boost; }
     """
@@ -187,8 +187,8 @@ class GaplineApp(App[int]):
         yield Footer()
 
     def on_resize(self) -> None:
-        # Below 70 columns the room list would squeeze the timeline: tab still reaches
-        # nothing hidden, and the title line names the room.
+        # Below 70 columns the room list would squeeze the timeline; the title line
+        # still names the room (a hidden widget takes no focus, so tab skips it).
         self.query_one("#rooms").display = self.size.width >= 70
 
     @property
@@ -219,6 +219,7 @@ class GaplineApp(App[int]):
             self.notice(f"the engine stopped: {exc}", severity="error")
         finally:
             self._engine = None
+            self._engine_ready.set()  # commands still waiting see it is gone
 
     async def action_quit(self) -> None:
         await self.shutdown()
@@ -353,6 +354,7 @@ class GaplineApp(App[int]):
             self.command(OpenRoom(room_id))
         self._refresh_rooms()
         self._refresh_status()
+        self._show_progress()
 
     def on_rooms_changed(self, _message: RoomsChanged) -> None:
         if self.room_id is None and (rooms := self.directory.summaries()):
@@ -373,22 +375,33 @@ class GaplineApp(App[int]):
         return known
 
     def _refresh_rooms(self) -> None:
+        """Repaint the room list; prompts are replaced in place when the rooms are the same."""
         options = self.query_one("#rooms", OptionList)
-        options.clear_options()
-        highlighted = None
-        for index, summary in enumerate(self._summaries()):
-            prompt = Text(no_wrap=True, overflow="ellipsis")
-            prompt.append(summary.label, style="bold" if summary.room_id == self.room_id else "")
-            recent = self.mirror.state.recent(summary.room_id)
-            if recent.kind is RecentHistoryKind.Loading:
-                prompt.append(" ⟳", style="italic")
-            if summary.unread and summary.room_id != self.room_id:
-                prompt.append(f" ({summary.unread})", style="bold")
-            options.add_option(Option(prompt, id=summary.room_id))
-            if summary.room_id == self.room_id:
-                highlighted = index
-        if highlighted is not None:
-            options.highlighted = highlighted
+        summaries = self._summaries()
+        ids = [s.room_id for s in summaries]
+        prompts = [self._room_prompt(s) for s in summaries]
+        same = options.option_count == len(ids) and all(
+            options.get_option_at_index(i).id == room_id for i, room_id in enumerate(ids)
+        )
+        if same:
+            for room_id, prompt in zip(ids, prompts, strict=True):
+                options.replace_option_prompt(room_id, prompt)
+        else:
+            options.clear_options()
+            options.add_options(
+                Option(prompt, id=room_id) for room_id, prompt in zip(ids, prompts, strict=True)
+            )
+        if self.room_id in ids and options.highlighted != ids.index(self.room_id):
+            options.highlighted = ids.index(self.room_id)
+
+    def _room_prompt(self, summary: RoomSummary) -> Text:
+        prompt = Text(no_wrap=True, overflow="ellipsis")
+        prompt.append(summary.label, style="bold" if summary.room_id == self.room_id else "")
+        if self.mirror.state.recent(summary.room_id).kind is RecentHistoryKind.Loading:
+            prompt.append(" ⟳", style="italic")
+        if summary.unread and summary.room_id != self.room_id:
+            prompt.append(f" ({summary.unread})", style="bold")
+        return prompt
 
     # -- events --------------------------------------------------------------------------
 
@@ -414,7 +427,7 @@ class GaplineApp(App[int]):
                         view.progress[gap_id] = FillProgress(
                             before.pages + 1, before.events + added
                         )
-                        self._show_progress(view.progress[gap_id])
+                        self._show_progress()
                 if room_id == self.room_id:
                     view.apply(diffs)
                     view.refresh_gaps()
@@ -437,26 +450,28 @@ class GaplineApp(App[int]):
                     self._fills[report.room_id] = report.gap_id
                     view.progress[report.gap_id] = FillProgress()
                     view.reports.pop(report.gap_id, None)
-                    self._show_progress(FillProgress())
+                    self._show_progress()
                 else:
                     self._fills.pop(report.room_id, None)
                     view.progress.pop(report.gap_id, None)
                     view.reports[report.gap_id] = report
-                    self._show_progress(None)
+                    self._show_progress()
                 view.refresh_gaps()
         self._refresh_status()
 
-    def _show_progress(self, progress: FillProgress | None) -> None:
+    def _show_progress(self) -> None:
+        """The progress line shows the running fill of the room on screen, if any."""
+        gap_id = self._fills.get(self.room_id) if self.room_id is not None else None
+        progress = self.timeline.progress.get(gap_id) if gap_id is not None else None
         box = self.query_one("#fill")
         box.set_class(progress is not None, "-running")
         if progress is None:
             return
-        bar = self.query_one(ProgressBar)
-        bar.update(progress=progress.pages)
+        self.query_one(ProgressBar).update(progress=progress.pages)
         pages = "page" if progress.pages == 1 else "pages"
-        of = f"/{self.page_budget}" if self.page_budget is not None else ""
+        of = f" of {self.page_budget}" if self.page_budget is not None else ""
         self.query_one("#fill-label", Label).update(
-            f"filling: {progress.pages}{of} {pages}, {progress.events} events"
+            f"filling: {progress.pages} {pages}{of}, {progress.events} events"
         )
 
     def _refresh_status(self) -> None:

@@ -17,7 +17,6 @@ from datetime import tzinfo
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.message import Message
 from textual.widgets import Static
 
 from gapline.history import (
@@ -68,9 +67,7 @@ class Row(Static):
 
 
 class EventRow(Row):
-    DEFAULT_CSS = """
-    EventRow .time { color: $text-muted; }
-    """
+    """A message: time, sender, body (edited and redacted states shown)."""
 
     def render(self) -> Text:
         assert isinstance(self.item, EventItem)
@@ -91,9 +88,9 @@ class GapRow(Row):
     """A gap: a rule across the pane with the gap's state in its middle."""
 
     DEFAULT_CSS = """
-    GapRow { color: $warning; text-style: bold; }
-    GapRow.-filling { color: $accent; }
-    GapRow.-failed { color: $error; }
+    GapRow { color: $text-warning; text-style: bold; }
+    GapRow.-filling { color: $text-success; }
+    GapRow.-failed { color: $text-error; }
     GapRow.-unavailable { color: $text-muted; text-style: italic; }
     """
 
@@ -125,7 +122,7 @@ class GapRow(Row):
 
 class MarkerRow(Row):
     DEFAULT_CSS = """
-    MarkerRow { color: $success; }
+    MarkerRow { color: $text-primary; }
     """
 
     def render(self) -> Text:
@@ -160,11 +157,6 @@ class TimelineView(VerticalScroll, can_focus=True):
     TimelineView { height: 1fr; scrollbar-size-vertical: 1; }
     """
 
-    class Selected(Message):
-        def __init__(self, item: TimelineItem | None) -> None:
-            super().__init__()
-            self.item = item
-
     def __init__(self, *, tz: tzinfo | None = None, id: str | None = None) -> None:
         super().__init__(id=id)
         self.tz = tz
@@ -184,7 +176,7 @@ class TimelineView(VerticalScroll, can_focus=True):
         # Rich styles for the parts of a row; taken from the theme so they read
         # on dark and light backgrounds alike.
         variables = self.app.get_css_variables()
-        self.sender_style = f"bold {variables.get('accent', 'cyan')}"
+        self.sender_style = f"bold {variables.get('text-primary', 'blue')}"
         for row in self.rows:
             row.refresh()
 
@@ -273,8 +265,8 @@ class TimelineView(VerticalScroll, can_focus=True):
                 self._insert(index, value)
             case Set(index=index, value=value):
                 old = self.rows[index]
-                if old.item.id == value.id and type(old) is type(_row_for(value, self)):
-                    old.set_item(value)
+                if old.item.id == value.id and type(old.item) is type(value):
+                    old.set_item(value)  # same row, new state: repaint in place
                 else:
                     self._insert(index, value)
                     self._remove(index + 1)
@@ -333,7 +325,6 @@ class TimelineView(VerticalScroll, can_focus=True):
     def _mark_selected(self) -> None:
         for row in self.rows:
             row.set_class(row.item.id == self.selected_id, "-selected")
-        self.post_message(self.Selected(self.selected))
 
     def action_move(self, step: int) -> None:
         if not self.rows:

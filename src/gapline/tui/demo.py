@@ -331,7 +331,3 @@ def demo_connect(story: Story, directory: RoomDirectory):
         directory=directory,
         trust_env=False,
     )
-
-
-if __name__ == "__main__":  # pragma: no cover - `gapline demo` is the entry point
-    raise SystemExit(asyncio.run(_main(argparse.Namespace(headless=True, first=40, more=300))))
