@@ -46,7 +46,10 @@ def log(message: str) -> None:
     print(f"[bench/journal_anchor] {message}", file=sys.stderr, flush=True)
 
 
-def _event(n: int, prefix: str) -> tuple[Any, Any]:
+WARMUP = 500  # as in bench/journal.py: both columns measure a steady-size WAL
+
+
+def _event(n: int, prefix: str, actionable: bool = True) -> tuple[Any, Any]:
     event_id = f"${prefix}{n:08d}:example.org"
     content = {"msgtype": "m.text", "body": f"benchmark message {n} " + "lorem ipsum " * 8}
     source = {
@@ -62,7 +65,7 @@ def _event(n: int, prefix: str) -> tuple[Any, Any]:
         room_id=ROOM,
         thread_id=None,
         kind=EventKind.MESSAGE,
-        event_class=EventClass.ACTIONABLE,
+        event_class=EventClass.ACTIONABLE if actionable else EventClass.CONTEXT_ONLY,
         sender="@user:example.org",
         origin_server_ts=BASE_TS + n,
         source=source,
@@ -107,11 +110,12 @@ async def run(
     deep_repeats: int,
     postgres: bool,
     phase: str = "all",
+    warmup: int = WARMUP,
 ) -> dict[str, Any]:
     bot = store.principal(PRINCIPAL)
     figures: dict[str, Any] = {}
     if phase in ("all", "admission"):
-        figures.update(await run_admission(bot, n_seq=n_seq, n_conc=n_conc))
+        figures.update(await run_admission(bot, n_seq=n_seq, n_conc=n_conc, warmup=warmup))
     if phase in ("all", "walk"):
         figures.update(
             await run_walk(
@@ -121,9 +125,11 @@ async def run(
     return figures
 
 
-async def run_admission(bot: Any, *, n_seq: int, n_conc: int) -> dict[str, Any]:
+async def run_admission(bot: Any, *, n_seq: int, n_conc: int, warmup: int) -> dict[str, Any]:
     seq_events = [_event(i, "seq") for i in range(n_seq)]
     conc_events = [_event(i, "conc") for i in range(n_conc)]
+    for i in range(warmup):
+        await bot.admit(*_event(i, "warm", actionable=False))
     t0 = time.perf_counter()
     for inbound, projected in seq_events:
         await bot.admit(inbound, projected)
@@ -263,6 +269,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     deep_repeats=args.deep_repeats,
                     postgres=False,
                     phase=args.phase,
+                    warmup=args.warmup,
                 )
             finally:
                 await store.backend.close()
@@ -287,6 +294,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         deep_repeats=args.deep_repeats,
                         postgres=True,
                         phase=args.phase,
+                        warmup=args.warmup,
                     )
                 finally:
                     await store.backend.close()
@@ -306,6 +314,7 @@ def main() -> None:
     parser.add_argument("--pg-messages", type=int, default=1_000_000)
     parser.add_argument("--deep-repeats", type=int, default=200)
     parser.add_argument("--phase", choices=["all", "admission", "walk"], default="all")
+    parser.add_argument("--warmup", type=int, default=WARMUP)
     args = parser.parse_args()
     print(json.dumps(asyncio.run(main_async(args)), indent=2))
 

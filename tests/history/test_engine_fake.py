@@ -609,3 +609,24 @@ async def test_simultaneous_commands_never_run_two_operations(tmp_path, fake, al
         bridging, settled = h.recorder.reports()[2:]
         assert bridging.phase is RepairPhase.Bridging and settled.phase is not RepairPhase.Bridging
         assert_mirror_matches(h, room)
+
+
+async def test_engine_on_both_backends(backend, fake, alice):
+    """The engine over an open Backend (SQLite and PostgreSQL): sync, gap, fill, reopen."""
+    room = fake.create_room(alice.user_id, name="r")
+    fake.send_messages(alice.user_id, room, [f"m{i}" for i in range(20)])
+    async with client_for(fake, alice) as client:
+        async with open_engine(backend, client, sync_timeline_limit=500) as h:
+            await h.engine.sync_once()
+        fake.send_messages(alice.user_id, room, [f"g{i}" for i in range(70)])
+        async with open_engine(backend, client, sync_timeline_limit=10) as h:
+            await h.engine.execute(OpenRoom(room))
+            await h.engine.execute(HistoryRepair(CancelCmd(room)))
+            await h.engine.sync_once()
+            [gap] = gap_rows(h.engine.timeline(room).state.items)
+            assert await h.engine.execute(HistoryRepair(FillGap(room, gap.id))) == Ok()
+            assert h.recorder.reports()[-1].continuity is Continuity.Verified
+        async with open_engine(backend, client) as h:
+            await h.engine.execute(OpenRoom(room))
+            await h.engine.execute(HistoryRepair(CancelCmd(room)))
+            assert event_ids(h.engine.timeline(room).state.items) == fake.event_ids(room)[-100:]

@@ -24,7 +24,7 @@ from gapline.history import (
     RecentHistoryKind,
 )
 from gapline.matrix import MatrixClient, RetryPolicy
-from gapline.storage import KdfParams
+from gapline.storage import Backend, KdfParams
 
 PASSPHRASE = "correct horse battery staple"
 NO_RETRY = RetryPolicy(attempts=1, rate_limit_attempts=1)
@@ -67,7 +67,7 @@ class Harness:
 
 @contextlib.asynccontextmanager
 async def open_engine(
-    store: Path,
+    store: Path | Backend,
     client: MatrixClient | None,
     *,
     config: EngineConfig | None = None,
