@@ -26,6 +26,7 @@ __all__ = [
     "NetworkContext",
     "canonical_json",
     "canonical_json_reference",
+    "json_string",
     "local_input_bytes",
     "network_bound_bytes",
     "network_bound_hash",
@@ -173,6 +174,13 @@ _ORDER_SENSITIVE = re.compile("[\ue000-\U0010ffff]")
 _dumps = json.JSONEncoder(
     ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
 ).encode
+
+#: The C string encoder ``_dumps`` applies to every ``str`` (``ensure_ascii=False``). The hot
+#: fixed-shape inputs (message AAD, envelope signing input, key-box info) are assembled
+#: from it with their keys written out in sorted order, skipping the generic walk; they use
+#: it only for exact ``str``/``int`` values and all-ASCII output, so the bytes equal
+#: ``network_bound_bytes`` of the same dict (tests/meshline/test_fastpaths.py).
+json_string = json.encoder.encode_basestring
 
 
 def canonical_json(value: Any) -> bytes:

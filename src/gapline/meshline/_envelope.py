@@ -17,8 +17,10 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from gapline.meshline._base64 import b64u_decode, b64u_encode
 from gapline.meshline._canonical import (
+    MAX_SAFE_INTEGER,
     NetworkContext,
     canonical_json,
+    json_string,
     network_bound_bytes,
     parse_json,
 )
@@ -181,6 +183,11 @@ def message_aad(
     context: NetworkContext,
 ) -> bytes:
     """The payload AAD: network-bound ``meshline.message.aad``."""
+    fast = _bound_header(
+        '"meshline.message.aad"', message_id, created_at, from_, from_device_id, to, context, ""
+    )
+    if fast is not None:
+        return fast
     return network_bound_bytes(
         {
             "$type": "meshline.message.aad",
@@ -228,8 +235,85 @@ def decrypt_payload(payload: EncryptedPayload, content_key: bytes, aad: bytes) -
 def envelope_signing_input(
     envelope: MessageEnvelope | Mapping[str, Any], context: NetworkContext
 ) -> bytes:
+    if type(envelope) is MessageEnvelope and not envelope.extensions:
+        payload = envelope.payload
+        if type(payload) is EncryptedPayload and not payload.extensions:
+            fast = bound_envelope_bytes(
+                envelope.message_id,
+                envelope.created_at,
+                envelope.from_,
+                envelope.from_device_id,
+                envelope.to,
+                payload.alg,
+                payload.ciphertext,
+                payload.nonce,
+                context,
+            )
+            if fast is not None:
+                return fast
     wire = envelope.to_wire() if isinstance(envelope, MessageEnvelope) else envelope
     return network_bound_bytes(wire, context, exclude=("device_signature",))
+
+
+_ENVELOPE_TYPE_JSON = json_string(ENVELOPE_TYPE)
+
+
+def _bound_header(
+    type_json: str,
+    message_id: object,
+    created_at: object,
+    from_: object,
+    from_device_id: object,
+    to: object,
+    context: object,
+    payload_member: str,
+) -> bytes | None:
+    """Network-bound bytes of a header-shaped object, or None to take the generic path.
+
+    Keys in RFC 8785 order: ``$context``, ``$type``, ``created_at``, ``from``,
+    ``from_device_id``, ``message_id``, [``payload``,] ``to``. Only exact ``str``
+    values, a safe ``int`` and ASCII output qualify; anything else (including every
+    input the generic path would refuse) is left to ``network_bound_bytes``.
+    """
+    if (
+        type(message_id) is not str
+        or type(from_) is not str
+        or type(from_device_id) is not str
+        or type(to) is not str
+        or not isinstance(context, str)
+        or type(created_at) is not int
+        or not -MAX_SAFE_INTEGER <= created_at <= MAX_SAFE_INTEGER
+    ):
+        return None
+    text = (
+        f'{{"$context":{json_string(context)},"$type":{type_json},"created_at":{created_at},'
+        f'"from":{json_string(from_)},"from_device_id":{json_string(from_device_id)},'
+        f'"message_id":{json_string(message_id)},{payload_member}"to":{json_string(to)}}}'
+    )
+    return text.encode("ascii") if text.isascii() else None
+
+
+def bound_envelope_bytes(
+    message_id: object,
+    created_at: object,
+    from_: object,
+    from_device_id: object,
+    to: object,
+    alg: object,
+    ciphertext: object,
+    nonce: object,
+    context: object,
+) -> bytes | None:
+    """The signing input of an envelope without extensions, or None (see ``_bound_header``)."""
+    if type(alg) is not str or type(ciphertext) is not str or type(nonce) is not str:
+        return None
+    payload = (
+        f'"payload":{{"alg":{json_string(alg)},"ciphertext":{json_string(ciphertext)},'
+        f'"nonce":{json_string(nonce)}}},'
+    )
+    return _bound_header(
+        _ENVELOPE_TYPE_JSON, message_id, created_at, from_, from_device_id, to, context, payload
+    )
 
 
 def sign_envelope(
