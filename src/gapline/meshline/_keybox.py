@@ -9,6 +9,7 @@ aborts the operation on both sides.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Mapping
@@ -16,15 +17,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import x25519
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from gapline.meshline._base64 import b64u_decode, b64u_encode
 from gapline.meshline._canonical import (
+    MAX_SAFE_INTEGER,
     NetworkContext,
     canonical_json,
+    json_string,
     network_bound_bytes,
     parse_json,
 )
@@ -127,9 +130,50 @@ def x25519_shared_secret(private_key: x25519.X25519PrivateKey, peer_public: byte
     return secret
 
 
+@functools.lru_cache(maxsize=1024)
+def _x25519_public_key(public_key: bytes) -> x25519.X25519PublicKey:
+    """Recipient keys repeat from message to message; ephemeral ones (unwrap) are not cached."""
+    return x25519.X25519PublicKey.from_public_bytes(public_key)
+
+
+def _recipient_shared_secret(private_key: x25519.X25519PrivateKey, peer_public: bytes) -> bytes:
+    """``x25519_shared_secret`` with the recipient's parsed key taken from the cache."""
+    try:
+        secret = private_key.exchange(_x25519_public_key(bytes(peer_public)))
+    except ValueError:
+        raise DecryptionFailed("X25519 shared secret is all zero") from None
+    if secret == _ZERO32:
+        raise DecryptionFailed("X25519 shared secret is all zero")
+    return secret
+
+
 def key_box_info(
     header: MessageHeader, *, account: str, device_id: str, enc: str, context: NetworkContext
 ) -> bytes:
+    message_id, created_at = header.message_id, header.created_at
+    from_, from_device_id = header.from_, header.from_device_id
+    # The fixed-shape fast path (see ``_canonical.json_string``): keys in RFC 8785 order,
+    # exact str / safe int values and ASCII output only; anything else goes the generic way.
+    if (
+        type(account) is str
+        and type(device_id) is str
+        and type(enc) is str
+        and type(message_id) is str
+        and type(from_) is str
+        and type(from_device_id) is str
+        and isinstance(context, str)
+        and type(created_at) is int
+        and -MAX_SAFE_INTEGER <= created_at <= MAX_SAFE_INTEGER
+    ):
+        text = (
+            f'{{"$context":{json_string(context)},"$type":"meshline.message.key_box.aad",'
+            f'"account":{json_string(account)},"alg":"{KEYBOX_ALG}","created_at":{created_at},'
+            f'"device_id":{json_string(device_id)},"enc":{json_string(enc)},'
+            f'"from":{json_string(from_)},"from_device_id":{json_string(from_device_id)},'
+            f'"message_id":{json_string(message_id)},"payload_alg":"AES-256-GCM"}}'
+        )
+        if text.isascii():
+            return text.encode("ascii")
     return network_bound_bytes(
         {
             "$type": "meshline.message.key_box.aad",
@@ -147,8 +191,11 @@ def key_box_info(
     )
 
 
+_SHA256 = hashes.SHA256()
+
+
 def _wrap_key(secret: bytes, info: bytes) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=KEYBOX_SALT, info=info).derive(secret)
+    return HKDF(algorithm=_SHA256, length=32, salt=KEYBOX_SALT, info=info).derive(secret)
 
 
 def wrap_content_key(
@@ -165,12 +212,8 @@ def wrap_content_key(
     """Seal ``content_key`` for one device of ``account`` (fresh ephemeral key per box)."""
     ephemeral = x25519.X25519PrivateKey.generate() if ephemeral is None else ephemeral
     nonce = os.urandom(12) if nonce is None else nonce
-    secret = x25519_shared_secret(ephemeral, encryption_public_key)
-    enc = b64u_encode(
-        ephemeral.public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw
-        )
-    )
+    secret = _recipient_shared_secret(ephemeral, encryption_public_key)
+    enc = b64u_encode(ephemeral.public_key().public_bytes_raw())
     info = key_box_info(header, account=account, device_id=device_id, enc=enc, context=context)
     sealed = AESGCM(_wrap_key(secret, info)).encrypt(nonce, content_key, info)
     return MessageKeyBox(device_id=device_id, enc=enc, sealed_key=b64u_encode(nonce + sealed))

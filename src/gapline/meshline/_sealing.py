@@ -31,6 +31,7 @@ from gapline.meshline._envelope import (
     ENVELOPE_TYPE,
     MessageEnvelope,
     _full_size,
+    bound_envelope_bytes,
     decrypt_payload,
     encrypt_payload,
     envelope_aad,
@@ -163,18 +164,30 @@ def seal_message(
     )
     payload = encrypt_payload(canonical_json(dict(content)), key, aad)
     # Built from checked parts, so no re-parse: sign the bound bytes directly.
-    data = network_bound_bytes(
-        {
-            "$type": ENVELOPE_TYPE,
-            "message_id": message_id,
-            "created_at": created_at,
-            "from": from_,
-            "from_device_id": from_device_id,
-            "to": to,
-            "payload": payload.to_wire(),
-        },
+    data = bound_envelope_bytes(
+        message_id,
+        created_at,
+        from_,
+        from_device_id,
+        to,
+        payload.alg,
+        payload.ciphertext,
+        payload.nonce,
         context,
     )
+    if data is None:
+        data = network_bound_bytes(
+            {
+                "$type": ENVELOPE_TYPE,
+                "message_id": message_id,
+                "created_at": created_at,
+                "from": from_,
+                "from_device_id": from_device_id,
+                "to": to,
+                "payload": payload.to_wire(),
+            },
+            context,
+        )
     if _full_size(data, context) > ENVELOPE_MAX_BYTES:
         raise RequestTooLarge("message envelope exceeds 256 KiB")
     envelope = MessageEnvelope(
