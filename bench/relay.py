@@ -35,6 +35,7 @@ import platform
 import sys
 import tempfile
 import time
+import urllib.parse
 from typing import Any
 
 import aiohttp
@@ -42,6 +43,67 @@ import aiohttp
 from gapline.meshline import account_auth_input, device_auth_input, relay_origin
 from gapline.meshline.testing import TEST_CONTEXT, TestAccount, make_account, make_send_params
 from gapline.relay.devserver import RelayProcess
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (all its threads) from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class RawSender:
+    """One keep-alive HTTP/1.1 connection that POSTs pre-built requests and checks the answers.
+
+    Deliberately minimal (see the module docstring): the relay's cost is the figure, so
+    the client spends a few microseconds per request instead of an HTTP library's
+    hundreds. It understands exactly what the relay sends back: a status line, headers
+    with ``Content-Length``, and a JSON body.
+    """
+
+    def __init__(self, url: str, token: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.path = parts.path + "/message/send"
+        self.token = token
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    def request(self, body: bytes) -> bytes:
+        head = (
+            f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Type: application/json\r\nX-Meshline-Session: {self.token}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        return head.encode() + body
+
+    async def __aenter__(self) -> RawSender:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.writer is not None
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
+
+    async def send(self, request: bytes) -> None:
+        assert self.reader is not None and self.writer is not None
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        length = -1
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if length < 0:
+            raise RuntimeError(f"message.send: no Content-Length in {head!r}")
+        body = await self.reader.readexactly(length)
+        if not head.startswith(b"HTTP/1.1 200 "):
+            status = head.split(b"\r\n", 1)[0]
+            raise RuntimeError(f"message.send: {status!r} {body!r}")
+        if json.loads(body).get("status") != "target_accepted":
+            raise RuntimeError(f"message.send: unexpected result {body!r}")
 
 
 def log(message: str) -> None:
@@ -160,6 +222,8 @@ async def run_relay_scenario(
             ]
             for s in senders
         ]
+        raw = [RawSender(relays[i % len(relays)].url, tokens[i]) for i in range(len(senders))]
+        requests = [[raw[i].request(body) for body in batch] for i, batch in enumerate(batches)]
         probes = [
             make_send_params(probe_from, probe_to).to_wire()
             for _ in range(int(seconds / probe_interval) + 20)
@@ -172,12 +236,12 @@ async def run_relay_scenario(
 
         async def sender(i: int) -> None:
             nonlocal done
-            relay = relays[i % len(relays)]
-            for params in batches[i]:
-                if time.perf_counter() >= stop_at:
-                    return
-                await relay.call("POST", "message.send", params, tokens[i])
-                done += 1
+            async with raw[i] as conn:
+                for request in requests[i]:
+                    if time.perf_counter() >= stop_at:
+                        return
+                    await conn.send(request)
+                    done += 1
 
         async def ws_sender(i: int) -> None:
             # The same sends as JSON-RPC over one WebSocket per client, one at a time.
@@ -204,7 +268,7 @@ async def run_relay_scenario(
                     while True:
                         msg = json.loads((await ws.receive()).data)
                         if msg.get("id") == n + 2:
-                            assert "result" in msg, msg
+                            assert msg.get("result", {}).get("status") == "target_accepted", msg
                             break
                     done += 1
 
@@ -245,6 +309,9 @@ async def run_relay_scenario(
                     synced_lat.append(time.perf_counter() - t0)
                     await asyncio.sleep(probe_interval)
 
+        pids = [p.proc.pid for p in procs]
+        relay_cpu0 = sum(_cpu_seconds(pid) for pid in pids)
+        client_cpu0 = time.process_time()
         start = time.perf_counter()
         stop_at = start + seconds
         async with asyncio.TaskGroup() as tg:
@@ -252,6 +319,8 @@ async def run_relay_scenario(
                 tg.create_task(ws_sender(i) if transport == "ws" else sender(i))
             tg.create_task(probe())
         elapsed = time.perf_counter() - start
+        relay_cpu = sum(_cpu_seconds(pid) for pid in pids) - relay_cpu0
+        client_cpu = time.process_time() - client_cpu0
         return {
             "transport": transport,
             "processes": len(procs),
@@ -259,6 +328,14 @@ async def run_relay_scenario(
             "sends": done,
             "seconds": round(elapsed, 2),
             "sends_per_second": round(done / elapsed, 1),
+            # CPU seconds used during the timed phase; per send in milliseconds.
+            "cpu": {
+                "relay_seconds": round(relay_cpu, 2),
+                "client_seconds": round(client_cpu, 2),
+                "relay_ms_per_send": round(1000 * relay_cpu / max(done, 1), 3),
+                "client_ms_per_send": round(1000 * client_cpu / max(done, 1), 3),
+                "load_avg_1m_after": round(os.getloadavg()[0], 2),
+            },
             "notify_latency_ms": {
                 "p50": _pct(notify_lat, 0.5),
                 "p99": _pct(notify_lat, 0.99),

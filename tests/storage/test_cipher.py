@@ -38,7 +38,9 @@ async def test_values_round_trip_with_associated_data(backend: Backend) -> None:
     cipher = await open_cipher(backend, "correct horse", kdf_cost=CHEAP)
     for plaintext in (b"", b"x", SECRET_TEXT, bytes(range(256)) * 40):
         sealed = cipher.encrypt(plaintext, aad=b"room-1/event-9")
-        assert plaintext not in sealed or plaintext == b""
+        # A short plaintext can occur in random ciphertext by chance (one byte:
+        # ~11% of the time), so only long ones say anything about sealing.
+        assert len(plaintext) < 16 or plaintext not in sealed
         assert cipher.decrypt(sealed, aad=b"room-1/event-9") == plaintext
     assert cipher.decrypt(cipher.encrypt(b"no aad")) == b"no aad"
     assert cipher.encrypt(b"same") != cipher.encrypt(b"same")  # fresh nonce each time

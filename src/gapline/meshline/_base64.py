@@ -10,7 +10,6 @@ re-encode-and-compare definition.
 
 from __future__ import annotations
 
-import base64
 import binascii
 
 from gapline.meshline._errors import BadRequest
@@ -19,6 +18,7 @@ __all__ = ["b64u_decode", "b64u_encode"]
 
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 _TO_STANDARD = bytes.maketrans(b"-_", b"+/")
+_TO_URL = bytes.maketrans(b"+/", b"-_")
 # Sextet value of each alphabet byte; the bits a final partial group leaves unused
 # (4 when len % 4 == 2, 2 when len % 4 == 3) must be zero in canonical text.
 _SEXTET = bytes(_ALPHABET.find(bytes([b])) % 64 for b in range(256))
@@ -26,7 +26,7 @@ _TAIL_MASK = (0, 0, 0x0F, 0x03)
 
 
 def b64u_encode(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+    return binascii.b2a_base64(data, newline=False).rstrip(b"=").translate(_TO_URL).decode("ascii")
 
 
 def b64u_decode(text: object, *, length: int | None = None, field: str = "value") -> bytes:

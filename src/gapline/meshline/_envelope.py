@@ -90,9 +90,11 @@ class EncryptedPayload:
         obj = object_of(value, "EncryptedPayload")
         if obj.get("alg") != PAYLOAD_ALG:
             raise BadRequest(f"payload alg must be {PAYLOAD_ALG}")
-        ciphertext = b64_field(obj, "ciphertext")
-        if len(b64u_decode(ciphertext)) < 16:
+        ciphertext = obj.get("ciphertext")
+        # One decode serves both the canonical-base64url check and the tag-length check.
+        if len(b64u_decode(ciphertext, field="ciphertext")) < 16:
             raise BadRequest("payload ciphertext shorter than the GCM tag")
+        assert isinstance(ciphertext, str)
         return cls(
             nonce=b64_field(obj, "nonce", 12),
             ciphertext=ciphertext,

@@ -14,7 +14,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -39,6 +39,7 @@ __all__ = [
     "KEYBOX_ALG",
     "KEYBOX_SALT",
     "MAX_BOXES",
+    "BoxHeader",
     "MessageHeader",
     "MessageKeyBox",
     "check_box_set",
@@ -53,6 +54,20 @@ KEYBOX_SALT = hashlib.sha256(b"Meshline/keybox-salt/v1").digest()
 MAX_BOXES = 8
 _ZERO32 = bytes(32)
 _BOX_FIELDS = frozenset({"device_id", "alg", "enc", "sealed_key"})
+
+
+class BoxHeader(Protocol):
+    """What a key box is bound to: a ``MessageHeader``, or the ``MessageEnvelope`` itself
+    (sealing and opening pass the envelope and skip building a header per box)."""
+
+    @property
+    def message_id(self) -> str: ...
+    @property
+    def created_at(self) -> int: ...
+    @property
+    def from_(self) -> str: ...
+    @property
+    def from_device_id(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +163,7 @@ def _recipient_shared_secret(private_key: x25519.X25519PrivateKey, peer_public: 
 
 
 def key_box_info(
-    header: MessageHeader, *, account: str, device_id: str, enc: str, context: NetworkContext
+    header: BoxHeader, *, account: str, device_id: str, enc: str, context: NetworkContext
 ) -> bytes:
     message_id, created_at = header.message_id, header.created_at
     from_, from_device_id = header.from_, header.from_device_id
@@ -200,7 +215,7 @@ def _wrap_key(secret: bytes, info: bytes) -> bytes:
 
 def wrap_content_key(
     content_key: bytes,
-    header: MessageHeader,
+    header: BoxHeader,
     *,
     account: str,
     device_id: str,
@@ -221,7 +236,7 @@ def wrap_content_key(
 
 def unwrap_content_key(
     box: MessageKeyBox,
-    header: MessageHeader,
+    header: BoxHeader,
     *,
     account: str,
     encryption_key: x25519.X25519PrivateKey,
