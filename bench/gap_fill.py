@@ -9,6 +9,12 @@ Prints one JSON object on stdout (progress on stderr):
   over ``runs`` fills; ``fake_total_ms_per_page`` is the whole fill per page, and
   ``fake_overhead_cpu_ms_per_page`` the same difference in process CPU time (both
   threads), which a machine shared with other work does not inflate.
+- ``bare_commit_ms_per_page``: in the same run, the same rows (the fill's 50 events per
+  page, sealed beforehand, plus one gap row) committed bare through the same backend,
+  one durable transaction per page: the disk's floor (fsync with ``synchronous=FULL``).
+  ``fake_overhead_beyond_commit_ms_per_page`` is the overhead minus that floor (median of
+  per-run differences): what the engine adds besides the durable commit. Per-run values
+  are in ``*_runs``; ``loadavg`` is ``/proc/loadavg`` at the end.
 - ``synapse_fill_ms`` / ``synapse_raw_ms`` / ``synapse_ratio``: the same fill against a
   real Synapse next to a raw ``/messages`` walk of the same four pages from the same
   cursor, in one run. Target ratio <= 1.3. ``null`` when Synapse is skipped
@@ -20,12 +26,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from gapline.history import (
     Cancel,
@@ -38,6 +47,7 @@ from gapline.history import (
     Publisher,
     RetryRecent,
 )
+from gapline.history._updates import StoredEvent
 from gapline.matrix import MatrixError, MessagesResponse, RetryPolicy, api
 from gapline.matrix.devserver import SynapseStartError
 from gapline.matrix.testing import FakeHomeserver
@@ -45,6 +55,13 @@ from gapline.storage import KdfParams
 
 NO_RETRY = RetryPolicy(attempts=1, rate_limit_attempts=1)
 GAP = 200
+
+
+def _loadavg() -> str | None:
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        return None
 
 
 def log(*args: object) -> None:
@@ -56,8 +73,54 @@ async def gap_in(engine: Engine, room: str) -> HistoryGapItem:
     return gap
 
 
+async def bare_commits(engine: Engine, room: str, events: list[StoredEvent]) -> float:
+    """Milliseconds per page to durably commit the fill's own rows again, bare.
+
+    The same backend, the same sealed rows (sealed beforehand, outside the timing), one
+    transaction per page like the fill: insert the page's 50 event rows (under a scratch
+    room number, so nothing collides) and rewrite one gap row, then COMMIT with
+    ``synchronous=FULL``. What is left of a page's overhead above this is the engine's own.
+    """
+    store = engine.store
+    room_key = store.room_key(room)
+    scratch = 1_000_000 + secrets.randbelow(1_000_000)
+    pages = [events[i : i + 50] for i in range(0, len(events), 50)]
+    sealed_pages = []
+    for page in pages:
+        rows = []
+        for stored in page:
+            ek = store.event_key(stored.event_id)
+            body = store.cipher.encrypt(msgspec.json.encode(stored.event), room_key + ek)
+            rows.append((scratch, 0, stored.pos, ek, body))
+        sealed_pages.append(rows)
+    cursor = store.cipher.encrypt(b"t-cursor", room_key)
+    samples = []
+    for rows in sealed_pages:
+
+        def op(tx: Any, rows: list[tuple[Any, ...]] = rows) -> None:
+            tx.executemany(
+                "INSERT INTO history_event (room, ord, pos, event, body) VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+            tx.execute(
+                "INSERT INTO history_gap (room, newer_ord, gap_id, older_ord, older_boundary,"
+                " newer_boundary, cursor, lifecycle) VALUES (?, 0, 'bench', NULL, NULL, ?, ?,"
+                " 'Idle') ON CONFLICT (room, newer_ord) DO UPDATE SET cursor = excluded.cursor",
+                (scratch, cursor, cursor),
+            )
+
+        t0 = time.perf_counter()
+        await store.backend.write(op)
+        samples.append((time.perf_counter() - t0) * 1000)
+    return statistics.mean(samples)
+
+
 async def one_fake_fill(
-    store: Path, pages_out: list[float], totals: list[float], cpu_out: list[float]
+    store: Path,
+    pages_out: list[float],
+    totals: list[float],
+    cpu_out: list[float],
+    bare_out: list[float],
 ) -> None:
     fake = FakeHomeserver()
     alice = fake.register("alice")
@@ -83,6 +146,7 @@ async def one_fake_fill(
         gap = await gap_in(engine, room)
         record = await engine.store.gap(room, gap.id)
         assert record is not None
+        before = {e.event_id for e in await engine.store.all_events(room)}
         t0, c0 = time.perf_counter(), time.process_time()
         await engine.execute(HistoryRepair(FillGap(room, gap.id)))
         total, total_cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -99,6 +163,9 @@ async def one_fake_fill(
         pages_out.append((total - raw) * 1000 / pages)
         totals.append(total * 1000 / pages)
         cpu_out.append((total_cpu - raw_cpu) * 1000 / pages)
+        # The same rows, committed bare through the same backend.
+        filled = [e for e in await engine.store.all_events(room) if e.event_id not in before]
+        bare_out.append(await bare_commits(engine, room, filled))
 
 
 async def raw_walk(client: Any, room: str, cursor: str | None) -> float:
@@ -163,10 +230,11 @@ async def main(quick: bool, with_synapse: bool) -> dict[str, Any]:
     overheads: list[float] = []
     totals: list[float] = []
     cpu: list[float] = []
+    bare: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(runs):
             log(f"fake fill {k + 1}/{runs}")
-            await one_fake_fill(Path(tmp) / f"fake{k}", overheads, totals, cpu)
+            await one_fake_fill(Path(tmp) / f"fake{k}", overheads, totals, cpu, bare)
         figures: dict[str, Any] = {
             "quick": quick,
             "gap_events": GAP,
@@ -175,6 +243,13 @@ async def main(quick: bool, with_synapse: bool) -> dict[str, Any]:
             "fake_overhead_ms_per_page": round(statistics.median(overheads), 3),
             "fake_total_ms_per_page": round(statistics.median(totals), 3),
             "fake_overhead_cpu_ms_per_page": round(statistics.median(cpu), 3),
+            "bare_commit_ms_per_page": round(statistics.median(bare), 3),
+            "fake_overhead_beyond_commit_ms_per_page": round(
+                statistics.median(o - b for o, b in zip(overheads, bare, strict=True)), 3
+            ),
+            "fake_overhead_ms_per_page_runs": [round(o, 3) for o in overheads],
+            "bare_commit_ms_per_page_runs": [round(b, 3) for b in bare],
+            "loadavg": _loadavg(),
             "synapse_fill_ms": None,
             "synapse_raw_ms": None,
             "synapse_ratio": None,

@@ -12,7 +12,8 @@ Prints one JSON object on stdout (progress on stderr):
 - ``ingest_cpu_events_per_s``: the same over the process's CPU time (wall time on a
   shared machine includes other work);
 - ``generate_events_per_s``: how fast the large store was built (bulk appends through
-  ``Sections.ingest_sync``, one transaction per 10,000 events).
+  ``Sections.ingest_sync``, one transaction per 10,000 events);
+- ``loadavg``: ``/proc/loadavg`` at the end (the machine may be shared).
 
 ``--quick`` uses 1,000 / 20,000 retained and 10,000 ingested events.
 """
@@ -150,6 +151,10 @@ async def main(quick: bool) -> dict[str, Any]:
         # Events per second of this process's CPU (both threads): the figure on a quiet
         # machine, where wall time is not shared with other work.
         figures["ingest_cpu_events_per_s"] = round(cpu_rate)
+    try:
+        figures["loadavg"] = Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        figures["loadavg"] = None
     return figures
 
 

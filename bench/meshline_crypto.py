@@ -90,25 +90,6 @@ def interleaved(
     return best, best_cpu
 
 
-def rate(fn, seconds: float) -> tuple[float, int]:
-    """Calls per second of ``fn`` over at least ``seconds`` (best of three slices)."""
-    best = 0.0
-    total = 0
-    for _ in range(3):
-        n = 0
-        start = time.perf_counter()
-        deadline = start + seconds / 3
-        while True:
-            fn()
-            n += 1
-            now = time.perf_counter()
-            if now >= deadline:
-                break
-        total += n
-        best = max(best, n / (now - start))
-    return best, total
-
-
 def crypto_floor(
     params: SendParams,
     sender: TestDevice,

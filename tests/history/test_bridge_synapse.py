@@ -261,7 +261,10 @@ async def test_bad_login_and_wrong_passphrase_are_clear_errors(
     alice = await synapse_kit.user("alice")
     store = tmp_path / "store"
 
-    status, out, err = await run_bridge_to_exit(synapse_kit, alice.user_id, store, password="wrong")
+    # The store opens (and is created, keyed with "one") before the login is refused.
+    status, out, err = await run_bridge_to_exit(
+        synapse_kit, alice.user_id, store, "--passphrase", "one", password="wrong"
+    )
     assert status == 1
     assert out == ""  # stdout carries protocol lines only
     assert f"login as {alice.user_id} failed" in err

@@ -38,6 +38,8 @@ def test_gap_fill_bench_quick():
         "fake_overhead_ms_per_page",
         "fake_total_ms_per_page",
         "fake_overhead_cpu_ms_per_page",
+        "bare_commit_ms_per_page",
+        "fake_overhead_beyond_commit_ms_per_page",
         "synapse_fill_ms",
         "synapse_raw_ms",
         "synapse_ratio",

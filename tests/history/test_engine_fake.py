@@ -481,6 +481,30 @@ async def test_answers_for_rooms_not_open_unknown_and_invalid(tmp_path, fake, al
         assert h.recorder.recent(room)[-1] is RecentHistoryKind.Idle
 
 
+async def test_commands_after_shutdown_answer_interrupted(tmp_path, fake, alice):
+    room = fake.create_room(alice.user_id, name="r")
+    async with client_for(fake, alice) as client, open_engine(tmp_path, client) as h:
+        await h.engine.sync_once()
+        await open_settled(h, room)
+        assert await h.engine.execute(Shutdown()) == Ok()
+        published = len(h.recorder.events)
+        requests = len(fake.requests)
+        for command in (
+            OpenRoom(room),
+            CloseRoom(room),
+            HistoryRepair(FillGap(room, "gap-x")),
+            HistoryRepair(RetryRecent(room)),
+            HistoryRepair(CancelCmd(room)),
+            PaginateBackwards(room),
+            SendMessage(room, "too late"),
+        ):
+            assert await h.engine.execute(command) == Interrupted(), command
+        assert await h.engine.execute(Shutdown()) == Ok()  # nothing left to stop
+        assert len(h.recorder.events) == published  # nothing ran: nothing published
+        assert len(fake.requests) == requests  # and nothing reached the homeserver
+        assert not h.engine.is_open(room)
+
+
 # -- faults -------------------------------------------------------------------------------
 
 

@@ -357,6 +357,29 @@ async def test_retry_with_same_content_returns_first_result_and_appends_nothing(
         assert _seqs(await _sync(r, ta)) == [0]
 
 
+def _reversed_members(value: Any) -> Any:
+    """The same JSON value with every object's members in reverse order."""
+    if isinstance(value, dict):
+        return {k: _reversed_members(value[k]) for k in reversed(list(value))}
+    if isinstance(value, list):
+        return [_reversed_members(v) for v in value]
+    return value
+
+
+async def test_retry_with_reordered_members_is_the_same_request(relay_dsn: str) -> None:
+    # Idempotency compares canonical forms, not request texts.
+    clock = Clock()
+    async with start_relay(relay_dsn, clock=clock) as r:
+        alice, bob, ta, tb = await _pair(r)
+        params = make_send_params(alice, bob, created_at=clock()).to_wire()
+        first = await r.ok("message.send", params, token=ta)
+        clock.advance(5)
+        again = await r.ok("message.send", _reversed_members(params), token=ta)
+        assert again == first
+        assert _seqs(await _sync(r, tb)) == [0]
+        assert _seqs(await _sync(r, ta)) == [0]
+
+
 async def test_retry_with_different_content_is_state_conflict(relay_dsn: str) -> None:
     async with start_relay(relay_dsn) as r:
         alice, bob, ta, tb = await _pair(r)

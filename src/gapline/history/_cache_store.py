@@ -170,6 +170,11 @@ class CacheStore:
         # collision-safe for dedup and keep the index small.
         return _blake2b(event_id.encode(), key=self._event_subkey, digest_size=16).digest()
 
+    def event_keys(self, event_ids: Iterable[str]) -> list[bytes]:
+        """:meth:`event_key` of many ids (one comprehension: the per-event hot path)."""
+        subkey = self._event_subkey
+        return [_blake2b(i.encode(), key=subkey, digest_size=16).digest() for i in event_ids]
+
     def find_room(self, tx: Tx, room_id: str) -> Room | None:
         key = self.room_key(room_id)
         row = tx.one("SELECT rid FROM history_room WHERE room = ?", (key,))
@@ -336,14 +341,19 @@ class CacheStore:
         """
         match update:
             case EventsAdded(ord=ord_, pos=pos, events=events):
-                encode, encrypt = self._encode, self.cipher.encrypt
-                key = event_key or self.event_key
-                rows = []
-                for i, event in enumerate(events):
-                    ek = key(event.event_id)
-                    rows.append(
-                        (room.rid, ord_, pos + i, ek, encrypt(encode(event), room.key + ek))
+                # The per-event hot path of ingestion: one comprehension, locals only.
+                encode, encrypt, (rid, rkey) = self._encode, self.cipher.encrypt, room
+                keys = (
+                    self.event_keys([e.event_id for e in events])
+                    if event_key is None
+                    else [event_key(e.event_id) for e in events]
+                )
+                rows = [
+                    (rid, ord_, p, ek, encrypt(encode(event), rkey + ek))
+                    for p, event, ek in zip(
+                        range(pos, pos + len(events)), events, keys, strict=True
                     )
+                ]
                 tx.executemany(
                     "INSERT INTO history_event (room, ord, pos, event, body) VALUES (?, ?, ?, ?, ?)",
                     rows,

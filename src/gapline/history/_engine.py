@@ -88,7 +88,7 @@ from gapline.matrix import (
     SyncResponse,
     UnknownToken,
 )
-from gapline.storage import Backend, StorageError, Tx, open_backend, open_cipher
+from gapline.storage import Backend, Dialect, StorageError, Tx, open_backend, open_cipher
 
 __all__ = ["Engine"]
 
@@ -97,6 +97,25 @@ log = logging.getLogger("gapline.history")
 T = TypeVar("T")
 
 STORE_FILE = "history.sqlite3"
+WRITER_CACHE_KIB = 32 * 1024
+WAL_CHECKPOINT_PAGES = 8192
+
+
+def _tune_writer(tx: Tx) -> None:
+    """Connection settings for the writer of the engine's own SQLite file.
+
+    The event-id index is keyed by hashes, so a sync's inserts land on random
+    index pages: a 1,000-event commit dirties ~600 index pages at 100,000
+    retained events (~2.7 MB of WAL, against ~0.4 MB for the rows themselves).
+    A larger cache keeps those pages in memory instead of re-reading them from
+    the OS, and checkpointing every 8,192 WAL pages instead of SQLite's 1,000
+    copies a page rewritten by many commits to the database file once rather
+    than once per commit or two. Durability is unchanged: every COMMIT still
+    fsyncs the WAL (``synchronous=FULL``); only when pages reach the main file
+    changes (the WAL may grow to ~32 MB between checkpoints).
+    """
+    tx.execute(f"PRAGMA cache_size={-WRITER_CACHE_KIB}")
+    tx.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
 
 
 def _uncancel() -> None:
@@ -226,6 +245,8 @@ class Engine:
             if cipher is None:
                 cipher = await open_cipher(backend, passphrase, kdf_cost=kdf_cost)
             cache = await CacheStore.open(backend, cipher)
+            if own_backend and backend.dialect is Dialect.SQLITE:
+                await backend.write(_tune_writer)
 
             async def publish(event: Event) -> None:
                 if sink is not None:
@@ -242,7 +263,7 @@ class Engine:
                     sync_timeout_ms=sync_timeout_ms,
                 )
                 if sync and client is not None:
-                    engine._sync_task = tg.create_task(engine._sync_loop(), name="history-sync")
+                    engine.start_sync()
                 try:
                     yield engine
                 finally:
@@ -250,6 +271,19 @@ class Engine:
         finally:
             if own_backend:
                 await backend.close()
+
+    def start_sync(self) -> None:
+        """Start the sync loop (once; later calls do nothing).
+
+        For an engine opened with ``sync=False`` whose client logs in only after
+        the store was opened (``gapline bridge``: a wrong passphrase must fail
+        before any network request).
+        """
+        if self._sync_task is not None or self._closed:
+            return
+        if self.client is None:
+            raise ValueError("an engine without a homeserver client cannot sync")
+        self._sync_task = self._tg.create_task(self._sync_loop(), name="history-sync")
 
     async def _shutdown(self) -> None:
         if self._closed:
@@ -297,7 +331,10 @@ class Engine:
     async def execute(self, command: Command) -> Answer:
         """Run one command; its answer comes after its outcome was published."""
         if self._closed:
-            return Failed("the engine is shut down")
+            # Shutdown stopped it before it ran: DESIGN's answer for a command
+            # stopped by Cancel/CloseRoom/Shutdown is Interrupted (nothing failed).
+            # A second Shutdown has nothing left to do.
+            return Ok() if isinstance(command, Shutdown) else Interrupted()
         match command:
             case OpenRoom(room_id=room_id):
                 return await self._open_room(room_id)

@@ -102,6 +102,13 @@ class Sections:
             key = self._keys[event_id] = self.store.event_key(event_id)
         return key
 
+    def _keys_of(self, events: Sequence[ClientEvent]) -> list[bytes]:
+        """The hashes of a batch's ids, computed once and remembered for the writer."""
+        ids = [e.event_id for e in events]
+        keys = self.store.event_keys(ids)
+        self._keys.update(zip(ids, keys, strict=True))
+        return keys
+
     # -- sync ------------------------------------------------------------------------------
 
     def ingest_sync(
@@ -122,7 +129,7 @@ class Sections:
             # Nothing to anchor a gap to: a gap needs an event on its newer side.
             # The next sync with events records its own prev_batch.
             return
-        keys = [self._key(e.event_id) for e in events]
+        keys = self._keys_of(events)
         where = store.locate(tx, room, keys)
         batch: list[tuple[ClientEvent, bytes]] = []
         seen: set[bytes] = set()
@@ -273,7 +280,7 @@ class Sections:
         after this page (the page that spends a fill's budget pauses it).
         """
         store, tx, room = self.store, self.tx, self.room
-        keys = [self._key(e.event_id) for e in chunk]
+        keys = self._keys_of(chunk)
         where = store.locate(tx, room, keys)
         anchor = state.anchor
         gap: GapRecord | None = None

@@ -3,9 +3,9 @@
     gapline bridge --homeserver URL --user MXID --password PW --store DIR
                    [--passphrase P] [--device-id ID]
 
-Logs in (reusing the device stored in DIR, so the server sees one device
-across restarts), opens the engine's encrypted store in DIR, starts the sync
-loop, and serves requests until end of input or ``"Shutdown"``. stdout carries
+Opens the engine's encrypted store in DIR (a wrong passphrase fails here,
+before any network request), logs in (reusing the device stored in DIR, so
+the server sees one device across restarts), starts the sync loop, and serves requests until end of input or ``"Shutdown"``. stdout carries
 protocol lines only; logs go to stderr. See docs/history.md.
 """
 
@@ -146,27 +146,31 @@ async def _serve(
     publisher = Publisher([mirror, writer])
     async with MatrixClient(args.homeserver) as client:
         try:
-            session = await client.login(
-                args.user,
-                args.password,
-                device_id=device_id,
-                initial_device_display_name="gapline bridge",
-            )
-        except MatrixError as exc:
-            print(f"gapline bridge: login as {args.user} failed: {exc}", file=sys.stderr)
-            return 1
-        await asyncio.to_thread(
-            _remember_device, store, args.user, session.user_id, session.device_id
-        )
-        log.info("logged in as %s (device %s)", session.user_id, session.device_id)
-        try:
+            # The store first: a wrong passphrase is a clear error before any
+            # network request. The sync loop starts only once the client is logged in.
             async with Engine.open(
                 store,
                 client,
                 config=config,
                 passphrase=passphrase or "",
                 sink=publisher,
+                sync=False,
             ) as engine:
+                try:
+                    session = await client.login(
+                        args.user,
+                        args.password,
+                        device_id=device_id,
+                        initial_device_display_name="gapline bridge",
+                    )
+                except MatrixError as exc:
+                    print(f"gapline bridge: login as {args.user} failed: {exc}", file=sys.stderr)
+                    return 1
+                await asyncio.to_thread(
+                    _remember_device, store, args.user, session.user_id, session.device_id
+                )
+                log.info("logged in as %s (device %s)", session.user_id, session.device_id)
+                engine.start_sync()
                 return await Bridge(engine, writer, mirror).run(stream_lines(sys.stdin.buffer))
         except WrongPassphrase:
             print(f"gapline bridge: wrong passphrase for the store in {store}", file=sys.stderr)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,6 +44,7 @@ __all__ = [
     "MessageKeyBox",
     "check_box_set",
     "key_box_info",
+    "seal_boxes",
     "unwrap_content_key",
     "wrap_content_key",
     "x25519_shared_secret",
@@ -165,30 +166,11 @@ def _recipient_shared_secret(private_key: x25519.X25519PrivateKey, peer_public: 
 def key_box_info(
     header: BoxHeader, *, account: str, device_id: str, enc: str, context: NetworkContext
 ) -> bytes:
-    message_id, created_at = header.message_id, header.created_at
-    from_, from_device_id = header.from_, header.from_device_id
-    # The fixed-shape fast path (see ``_canonical.json_string``): keys in RFC 8785 order,
-    # exact str / safe int values and ASCII output only; anything else goes the generic way.
-    if (
-        type(account) is str
-        and type(device_id) is str
-        and type(enc) is str
-        and type(message_id) is str
-        and type(from_) is str
-        and type(from_device_id) is str
-        and isinstance(context, str)
-        and type(created_at) is int
-        and -MAX_SAFE_INTEGER <= created_at <= MAX_SAFE_INTEGER
-    ):
-        text = (
-            f'{{"$context":{json_string(context)},"$type":"meshline.message.key_box.aad",'
-            f'"account":{json_string(account)},"alg":"{KEYBOX_ALG}","created_at":{created_at},'
-            f'"device_id":{json_string(device_id)},"enc":{json_string(enc)},'
-            f'"from":{json_string(from_)},"from_device_id":{json_string(from_device_id)},'
-            f'"message_id":{json_string(message_id)},"payload_alg":"AES-256-GCM"}}'
-        )
-        if text.isascii():
-            return text.encode("ascii")
+    parts = _info_parts(header, context)
+    if parts is not None:
+        info = _info_from_parts(parts, account, device_id, enc)
+        if info is not None:
+            return info
     return network_bound_bytes(
         {
             "$type": "meshline.message.key_box.aad",
@@ -204,6 +186,47 @@ def key_box_info(
         },
         context,
     )
+
+
+# The fixed-shape fast path (see ``_canonical.json_string``). Key order (RFC 8785):
+# $context, $type, account, alg, created_at, device_id, enc, from, from_device_id,
+# message_id, payload_alg. Only the account, device and ephemeral key differ between
+# the boxes of one message, so the rest is built once per message. Exact str / safe int
+# values and ASCII output only; anything else takes the generic ``network_bound_bytes``.
+_InfoParts = tuple[str, str, str]
+
+
+def _info_parts(header: BoxHeader, context: object) -> _InfoParts | None:
+    message_id, created_at = header.message_id, header.created_at
+    from_, from_device_id = header.from_, header.from_device_id
+    if (
+        type(message_id) is not str
+        or type(from_) is not str
+        or type(from_device_id) is not str
+        or not isinstance(context, str)
+        or type(created_at) is not int
+        or not -MAX_SAFE_INTEGER <= created_at <= MAX_SAFE_INTEGER
+    ):
+        return None
+    return (
+        f'{{"$context":{json_string(context)},"$type":"meshline.message.key_box.aad","account":',
+        f',"alg":"{KEYBOX_ALG}","created_at":{created_at},"device_id":',
+        f',"from":{json_string(from_)},"from_device_id":{json_string(from_device_id)},'
+        f'"message_id":{json_string(message_id)},"payload_alg":"AES-256-GCM"}}',
+    )
+
+
+def _info_from_parts(
+    parts: _InfoParts, account: object, device_id: object, enc: object
+) -> bytes | None:
+    if type(account) is not str or type(device_id) is not str or type(enc) is not str:
+        return None
+    head, middle, tail = parts
+    text = (
+        f"{head}{json_string(account)}{middle}{json_string(device_id)}"
+        f',"enc":{json_string(enc)}{tail}'
+    )
+    return text.encode("ascii") if text.isascii() else None
 
 
 _SHA256 = hashes.SHA256()
@@ -225,13 +248,56 @@ def wrap_content_key(
     nonce: bytes | None = None,
 ) -> MessageKeyBox:
     """Seal ``content_key`` for one device of ``account`` (fresh ephemeral key per box)."""
-    ephemeral = x25519.X25519PrivateKey.generate() if ephemeral is None else ephemeral
-    nonce = os.urandom(12) if nonce is None else nonce
+    return _wrap(
+        content_key,
+        header,
+        _info_parts(header, context),
+        account,
+        device_id,
+        encryption_public_key,
+        context,
+        x25519.X25519PrivateKey.generate() if ephemeral is None else ephemeral,
+        os.urandom(12) if nonce is None else nonce,
+    )
+
+
+def _wrap(
+    content_key: bytes,
+    header: BoxHeader,
+    parts: _InfoParts | None,
+    account: str,
+    device_id: str,
+    encryption_public_key: bytes,
+    context: NetworkContext,
+    ephemeral: x25519.X25519PrivateKey,
+    nonce: bytes,
+) -> MessageKeyBox:
+    """``wrap_content_key`` with the message's info parts built by the caller (once)."""
     secret = _recipient_shared_secret(ephemeral, encryption_public_key)
     enc = b64u_encode(ephemeral.public_key().public_bytes_raw())
-    info = key_box_info(header, account=account, device_id=device_id, enc=enc, context=context)
+    info = None if parts is None else _info_from_parts(parts, account, device_id, enc)
+    if info is None:
+        info = key_box_info(header, account=account, device_id=device_id, enc=enc, context=context)
     sealed = AESGCM(_wrap_key(secret, info)).encrypt(nonce, content_key, info)
     return MessageKeyBox(device_id=device_id, enc=enc, sealed_key=b64u_encode(nonce + sealed))
+
+
+def seal_boxes(
+    content_key: bytes,
+    header: BoxHeader,
+    targets: Iterable[tuple[str, str, bytes, bytes]],
+    context: NetworkContext,
+) -> tuple[MessageKeyBox, ...]:
+    """One box per ``(account, device_id, encryption_public_key, nonce)``, fresh ephemeral each.
+
+    ``seal_message``'s path: the info text shared by the boxes is built once.
+    """
+    parts = _info_parts(header, context)
+    generate = x25519.X25519PrivateKey.generate
+    return tuple(
+        _wrap(content_key, header, parts, account, device_id, public, context, generate(), nonce)
+        for account, device_id, public, nonce in targets
+    )
 
 
 def unwrap_content_key(

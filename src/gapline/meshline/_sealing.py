@@ -51,8 +51,8 @@ from gapline.meshline._keybox import (
     MAX_BOXES,
     MessageKeyBox,
     check_box_set,
+    seal_boxes,
     unwrap_content_key,
-    wrap_content_key,
 )
 
 __all__ = ["BoxTarget", "SendParams", "open_envelope", "seal_message"]
@@ -204,27 +204,19 @@ def seal_message(
         payload=payload,
         device_signature=b64u_encode(device_keys.sign(data)),
     )
-    offsets = iter(range(44, len(randomness), 12))
-
-    def boxes(targets: Sequence[BoxTarget], account: str) -> tuple[MessageKeyBox, ...]:
-        sealed = []
-        for t in targets:
-            start = next(offsets)
-            sealed.append(
-                wrap_content_key(
-                    key,
-                    envelope,
-                    account=account,
-                    device_id=t.device_id,
-                    encryption_public_key=t.encryption_public_key,
-                    context=context,
-                    nonce=randomness[start : start + 12],
-                )
-            )
-        return tuple(sealed)
-
-    recipient_boxes = boxes(recipients, to)
-    sender_boxes = None if senders is None else boxes(senders, from_)
+    # Nonces follow the payload's in ``randomness``: recipients' boxes first, then senders'.
+    targets = [(to, t) for t in recipients] + [(from_, t) for t in senders or ()]
+    boxes = seal_boxes(
+        key,
+        envelope,
+        (
+            (account, t.device_id, t.encryption_public_key, randomness[at : at + 12])
+            for at, (account, t) in zip(range(44, len(randomness), 12), targets, strict=True)
+        ),
+        context,
+    )
+    recipient_boxes = boxes[: len(recipients)]
+    sender_boxes = None if senders is None else boxes[len(recipients) :]
     return SendParams(envelope, recipient_boxes, sender_boxes)
 
 

@@ -399,8 +399,23 @@ class Relay:
         # Idempotency compares the canonical JSON of the complete params. Sorted-key compact
         # json.dumps of the strictly parsed value is a one-to-one function of that canonical
         # form (same value <=> same text), so its digest decides equality exactly, at a
-        # fraction of the cost of RFC 8785 serialisation.
-        digest = hashlib.sha256(_compact(params, sort_keys=True).encode()).hexdigest()
+        # fraction of the cost of RFC 8785 serialisation. The stored envelope and key boxes
+        # are those same sorted-key texts (member order carries no meaning in JSON; every
+        # signature covers the canonical form), so each part is serialised once, and the
+        # params text is assembled from the parts exactly as one sorted json.dumps would.
+        parts = {
+            name: _compact(value, sort_keys=True)
+            for name, value in params.items()
+            if name not in ("recipient_boxes", "sender_boxes")
+        }
+        recipient_texts = [_compact(b, sort_keys=True) for b in params["recipient_boxes"]]
+        parts["recipient_boxes"] = "[" + ",".join(recipient_texts) + "]"
+        sender_texts: list[str] = []
+        if "sender_boxes" in params:
+            sender_texts = [_compact(b, sort_keys=True) for b in params["sender_boxes"]]
+            parts["sender_boxes"] = "[" + ",".join(sender_texts) + "]"
+        canonical = "{" + ",".join(_compact(k) + ":" + parts[k] for k in sorted(parts)) + "}"
+        digest = hashlib.sha256(canonical.encode()).hexdigest()
         now = self.config.clock()
         # Time checks refuse only new requests: a retry of an accepted message still gets its
         # result after the age limit has passed, so the store raises these after its
@@ -417,25 +432,23 @@ class Relay:
             verify_envelope(envelope, signing_key, self.context)
         except MeshlineError as exc:
             raise failure_from_meshline(exc) from None
-        # Records keep the objects exactly as received (unknown fields included).
-        raw_recipient = params["recipient_boxes"]
-        raw_sender = params.get("sender_boxes") or []
+        # Records keep the objects as received (unknown fields included; members sorted).
         send = NewSend(
             from_account=envelope.from_,
             to_account=envelope.to,
             from_device_id=envelope.from_device_id,
             message_id=envelope.message_id,
             digest=digest,
-            envelope=_compact(params["envelope"]),
+            envelope=parts["envelope"],
             recipient_boxes=tuple(
-                KeyBox(b.device_id, _compact(raw))
-                for b, raw in zip(recipient_boxes, raw_recipient, strict=True)
+                KeyBox(b.device_id, text)
+                for b, text in zip(recipient_boxes, recipient_texts, strict=True)
             ),
             sender_boxes=None
             if sender_boxes is None
             else tuple(
-                KeyBox(b.device_id, _compact(raw))
-                for b, raw in zip(sender_boxes, raw_sender, strict=True)
+                KeyBox(b.device_id, text)
+                for b, text in zip(sender_boxes, sender_texts, strict=True)
             ),
             retention=self.config.retention,
             now=now,

@@ -21,7 +21,8 @@ async def invoke(
     method: Method, call: Call, params: dict[str, Any], metrics: RelayMetrics, transport: str
 ) -> Any:
     """Run ``method``; every failure leaves as :class:`RelayFailure`."""
-    metrics.requests.labels(method.name, transport).inc()
+    requests, latency = metrics.request_children(method.name, transport)
+    requests.inc()
     start = time.perf_counter()
     try:
         return await method.handler(call, params)
@@ -44,4 +45,4 @@ async def invoke(
         metrics.errors.labels(method.name, "internal_error").inc()
         raise RelayFailure("internal_error", "unexpected relay failure") from None
     finally:
-        metrics.latency.labels(method.name).observe(time.perf_counter() - start)
+        latency.observe(time.perf_counter() - start)

@@ -19,7 +19,7 @@ The store knows nothing of cryptography: callers pass objects already verified.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,179 +153,236 @@ def _greatest(tx: Tx) -> str:
     return "GREATEST" if tx.dialect is Dialect.POSTGRES else "MAX"
 
 
-def _next_sequence(tx: Tx, account: str) -> int:
-    # Sequence assignment. One row per account holds the highest sequence ever assigned.
-    # The upsert increments it and returns the new value inside the transaction that also
-    # inserts the record. On PostgreSQL the UPDATE takes the row lock on account_heads and
-    # holds it until commit, so concurrent senders to one account (from any relay process)
-    # are serialised: each sees the previous committed head, values are strictly increasing,
-    # and commit order equals sequence order, so a reader paging by `sequence > after` can
-    # never pass a sequence that commits later. A rolled-back send releases its number
-    # unused (the spec allows gaps). SQLite has one writer, so the same statement suffices.
-    row = tx.one(
-        "INSERT INTO account_heads (account, head) VALUES (?, 0) "
+# Sequence assignment. One row per account (account_heads) holds the highest sequence ever
+# assigned. A send bumps it with an upsert that RETURNs the new value, in the transaction
+# that also inserts the record. On PostgreSQL the UPDATE takes the row lock on account_heads
+# and holds it until COMMIT, so concurrent senders to one account (from any relay process)
+# are serialised: each sees the previous committed head, values are strictly increasing,
+# and commit order equals sequence order, so a reader paging by `sequence > after` can never
+# pass a sequence that commits later. A rolled-back send releases its number unused (the
+# spec allows gaps). SQLite has one writer, so the same statement suffices.
+#
+# Lock order: a send with sender boxes bumps two heads. Both are bumped by ONE multi-row
+# upsert whose rows come in account order (PostgreSQL inserts the rows of INSERT ... SELECT
+# ... ORDER BY in that order, locking as it goes), so two opposite sends between the same
+# accounts (A->B and B->A, both with sender boxes) cannot deadlock.
+#
+# Statement budget (the per-send cost is what issue 9 measures; see docs/relay.md):
+# - SQLite (in-process, no round trips; each statement is one driver call that drops and
+#   re-takes the GIL the event loop needs): claim, device read, ONE head upsert for every
+#   account, ONE multi-row record insert, ONE multi-row visibility insert = 5 statements
+#   whatever the number of timelines written (was 8 with sender boxes).
+# - PostgreSQL (round trips dominate, and the head row lock is held from the head upsert
+#   to COMMIT): the whole send is ONE statement (_SEND_POSTGRES), so an operation costs
+#   one round trip besides the group-commit savepoint (was three with sender boxes).
+
+_CLAIM_SQL = (
+    "INSERT INTO sends (from_account, message_id, digest, status, error, accepted_at,"
+    " expires_at) VALUES (?, ?, ?, ?, NULL, ?, ?)"
+    " ON CONFLICT (from_account, message_id) DO NOTHING"
+)
+
+
+def _devices_sql(accounts: int) -> str:
+    # Covered by the primary key of account_devices (account, device_id); at most 8 rows each.
+    marks = ", ".join("?" * accounts)
+    return (
+        f"SELECT account, device_id FROM account_devices WHERE account IN ({marks})"
+        " AND not_before <= ? AND expires_at > ? LIMIT 64"
+    )
+
+
+def _heads_sql(accounts: int) -> str:
+    values = ", ".join(["(?, 0)"] * accounts)
+    return (
+        f"INSERT INTO account_heads (account, head) VALUES {values} "
         "ON CONFLICT (account) DO UPDATE SET head = account_heads.head + 1 "
-        "RETURNING head",
-        (account,),
+        "RETURNING account, head"
+    )
+
+
+def _records_sql(rows: int) -> str:
+    values = ", ".join(["(?, ?, ?, ?, ?, ?)"] * rows)
+    return (
+        "INSERT INTO timeline_records (account, sequence, accepted_at, expires_at, "
+        f"from_device_id, envelope) VALUES {values}"
+    )
+
+
+def _visibility_sql(rows: int) -> str:
+    values = ", ".join(["(?, ?, ?, ?, ?)"] * rows)
+    return (
+        "INSERT INTO timeline_visibility (account, device_id, sequence, expires_at, key_box) "
+        f"VALUES {values}"
+    )
+
+
+def _send_postgres_sql(accounts: int, boxes: int) -> str:
+    """The whole of a send on PostgreSQL, in one statement.
+
+    Data-modifying CTEs all run whatever the outer query reads, on one snapshot:
+    ``c`` claims (from, message_id) (a concurrent holder of the same key makes it wait
+    for that outcome); ``d`` reads the devices valid now (at acceptance); ``vis`` keeps
+    the key boxes of those devices; ``go`` lets the appends happen only when the claim
+    is new, no time check refused the request (a parameter) and every timeline to write
+    has a visible device; ``h`` bumps the heads (the row locks, in account order);
+    ``r`` and ``v`` insert the records and their visibility rows; ``n`` is the
+    ``pg_notify`` that ``Tx.notify`` would send (same channel and payload, delivered at
+    COMMIT, dropped on rollback). The caller reads what happened from the rows returned
+    ('c' claimed, 'd' valid device, 'h' head assigned) and raises when the claim was new
+    but nothing was appended, which rolls the claim back with the operation's savepoint.
+    """
+    account_values = ", ".join(["(?)"] * accounts)
+    box_values = ", ".join(["(?, ?, ?)"] * boxes)
+    return (
+        f"WITH c AS ({_CLAIM_SQL} RETURNING 1), "
+        f"d AS ({_devices_sql(accounts)}), "
+        f"b (account, device_id, key_box) AS (VALUES {box_values}), "
+        "vis AS (SELECT b.account, b.device_id, b.key_box FROM b JOIN d"
+        " ON d.account = b.account AND d.device_id = b.device_id), "
+        "go AS (SELECT 1 FROM c WHERE ?::boolean"
+        " AND (SELECT count(DISTINCT account) FROM vis) = ?), "
+        "h AS (INSERT INTO account_heads (account, head)"
+        f" SELECT t.account, 0 FROM (VALUES {account_values}) AS t (account), go"
+        " ORDER BY t.account"
+        " ON CONFLICT (account) DO UPDATE SET head = account_heads.head + 1"
+        " RETURNING account, head), "
+        "r AS (INSERT INTO timeline_records"
+        " (account, sequence, accepted_at, expires_at, from_device_id, envelope)"
+        " SELECT h.account, h.head, ?, ?, ?, ? FROM h), "
+        "v AS (INSERT INTO timeline_visibility (account, device_id, sequence, expires_at, key_box)"
+        " SELECT vis.account, vis.device_id, h.head, ?, vis.key_box"
+        " FROM vis JOIN h ON h.account = vis.account), "
+        "n AS (SELECT pg_notify(?, h.account || ' ' || h.head::text) FROM h) "
+        "SELECT 'c', '', '', 0::bigint FROM c "
+        "UNION ALL SELECT 'd', account, device_id, 0 FROM d "
+        "UNION ALL SELECT 'h', account, '', head FROM h "
+        "UNION ALL SELECT 'n', '', '', count(*) FROM n"
+    )
+
+
+def _duplicate(tx: Tx, send: NewSend) -> AcceptedSend:
+    """The stored result of an earlier request with this (from, message_id)."""
+    row = tx.one(
+        "SELECT digest, status, error, accepted_at FROM sends "
+        "WHERE from_account = ? AND message_id = ?",
+        (send.from_account, send.message_id),
     )
     assert row is not None
-    return int(row[0])
+    if row[0] != send.digest:
+        raise RelayFailure(
+            "state_conflict",
+            "this (from, message_id) was accepted with different request content",
+        )
+    error = json.loads(row[2]) if row[2] else None
+    return AcceptedSend(DeliveryResult(row[1], int(row[3]), error), True, ())
 
 
-def _valid_devices(tx: Tx, account: str, now: int) -> set[str]:
-    # Covered by the primary key of account_devices (account, device_id); at most 8 rows.
-    rows = tx.all(
-        "SELECT device_id FROM account_devices "
-        "WHERE account = ? AND not_before <= ? AND expires_at > ? LIMIT 64",
-        (account, now, now),
-    )
-    return {r[0] for r in rows}
+def _plan(send: NewSend, valid: dict[str, set[str]]) -> dict[str, list[KeyBox]]:
+    """The visible key boxes per timeline to append to; raises when a target has none.
+
+    Visibility is decided here, once: a box counts only if its device is valid now.
+    """
+    recipient = [b for b in send.recipient_boxes if b.device_id in valid[send.to_account]]
+    if not recipient:
+        raise RelayFailure("device_unknown", "no recipient key-box device is currently valid")
+    plan = {send.to_account: recipient}
+    if send.sender_boxes is not None and send.from_account != send.to_account:
+        sender = [b for b in send.sender_boxes if b.device_id in valid[send.from_account]]
+        if not sender:
+            raise RelayFailure("device_unknown", "no sender key-box device is currently valid")
+        plan[send.from_account] = sender
+    return plan
 
 
-def _append(tx: Tx, account: str, send: NewSend, boxes: Sequence[KeyBox], visible: set[str]) -> int:
-    expires_at = send.now + send.retention
-    rows = [(b.device_id, b.json) for b in boxes if b.device_id in visible]
+def _accounts(send: NewSend) -> tuple[str, ...]:
+    """The timelines a send may write to, in lock (account) order."""
+    if send.sender_boxes is None or send.from_account == send.to_account:
+        return (send.to_account,)
+    return tuple(sorted((send.to_account, send.from_account)))
+
+
+def _accept_send(tx: Tx, send: NewSend) -> AcceptedSend:
     if tx.dialect is Dialect.POSTGRES:
-        return _append_postgres(tx, account, send, rows, expires_at)
-    seq = _next_sequence(tx, account)
+        return _accept_send_postgres(tx, send)
+    expires_at = send.now + send.retention
+    # Idempotency: the (from, message_id) key is claimed first.
+    claim = (send.from_account, send.message_id, send.digest, "target_accepted", send.now)
+    if tx.execute(_CLAIM_SQL, (*claim, expires_at)) != 1:
+        return _duplicate(tx, send)
+    if send.refusal is not None:
+        raise send.refusal
+    accounts = _accounts(send)
+    valid: dict[str, set[str]] = {a: set() for a in accounts}
+    for account, device_id in tx.all(_devices_sql(len(accounts)), (*accounts, send.now, send.now)):
+        valid[account].add(device_id)
+    plan = _plan(send, valid)
+    order = sorted(plan)
+    heads = {str(a): int(h) for a, h in tx.all(_heads_sql(len(order)), order)}
     tx.execute(
-        "INSERT INTO timeline_records (account, sequence, accepted_at, expires_at, "
-        "from_device_id, envelope) VALUES (?, ?, ?, ?, ?, ?)",
-        (account, seq, send.now, expires_at, send.from_device_id, send.envelope),
+        _records_sql(len(order)),
+        [
+            x
+            for a in order
+            for x in (a, heads[a], send.now, expires_at, send.from_device_id, send.envelope)
+        ],
     )
-    tx.executemany(
-        "INSERT INTO timeline_visibility (account, device_id, sequence, expires_at, key_box) "
-        "VALUES (?, ?, ?, ?, ?)",
-        [(account, device_id, seq, expires_at, box) for device_id, box in rows],
+    boxes = [(a, b) for a in order for b in plan[a]]
+    tx.execute(
+        _visibility_sql(len(boxes)),
+        [x for a, b in boxes for x in (a, b.device_id, heads[a], expires_at, b.json)],
     )
-    tx.notify(TIMELINE_CHANNEL, f"{account} {seq}")
-    return seq
+    for a in order:
+        tx.notify(TIMELINE_CHANNEL, f"{a} {heads[a]}")
+    appended = tuple((a, heads[a]) for a in order)
+    return AcceptedSend(DeliveryResult("target_accepted", send.now), False, appended)
 
 
-def _append_postgres(
-    tx: Tx, account: str, send: NewSend, rows: Sequence[tuple[str, str]], expires_at: int
-) -> int:
-    # The same four steps as the SQLite path (head upsert, record, visibility rows, notify)
-    # in ONE statement: round trips dominate a PostgreSQL write. Data-modifying CTEs all run
-    # whatever the outer query reads. The head upsert is the row lock described in
-    # _next_sequence, held to COMMIT. pg_notify is exactly what Tx.notify sends (same
-    # channel text), and like it is delivered at COMMIT and dropped on rollback.
-    values = ", ".join(["(?, ?)"] * len(rows))
-    row = tx.one(
-        "WITH h AS ("
-        " INSERT INTO account_heads (account, head) VALUES (?, 0)"
-        " ON CONFLICT (account) DO UPDATE SET head = account_heads.head + 1 RETURNING head"
-        "), r AS ("
-        " INSERT INTO timeline_records"
-        " (account, sequence, accepted_at, expires_at, from_device_id, envelope)"
-        " SELECT ?, h.head, ?, ?, ?, ? FROM h"
-        "), v AS ("
-        " INSERT INTO timeline_visibility (account, device_id, sequence, expires_at, key_box)"
-        f" SELECT ?, d.device_id, h.head, ?, d.key_box FROM h, (VALUES {values})"
-        " AS d(device_id, key_box)"
-        ") SELECT h.head, pg_notify(?, ?::text || ' ' || h.head::text) FROM h",
+def _accept_send_postgres(tx: Tx, send: NewSend) -> AcceptedSend:
+    expires_at = send.now + send.retention
+    accounts = _accounts(send)
+    boxes = [(send.to_account, b) for b in send.recipient_boxes]
+    if len(accounts) == 2 and send.sender_boxes is not None:
+        boxes += [(send.from_account, b) for b in send.sender_boxes]
+    rows = tx.all(
+        _send_postgres_sql(len(accounts), len(boxes)),
         (
-            account,
-            account,
+            send.from_account,
+            send.message_id,
+            send.digest,
+            "target_accepted",
+            send.now,
+            expires_at,
+            *accounts,
+            send.now,
+            send.now,
+            *(x for a, b in boxes for x in (a, b.device_id, b.json)),
+            send.refusal is None,
+            len(accounts),
+            *accounts,
             send.now,
             expires_at,
             send.from_device_id,
             send.envelope,
-            account,
             expires_at,
-            *(x for pair in rows for x in pair),
             TIMELINE_CHANNEL,
-            account,
         ),
     )
-    assert row is not None
-    return int(row[0])
-
-
-def _accept_send(tx: Tx, send: NewSend) -> AcceptedSend:
-    self_delivery = send.from_account == send.to_account
-    expires_at = send.now + send.retention
-    status = "target_accepted"
-    # Idempotency: the (from, message_id) key is claimed first. On PostgreSQL a concurrent
-    # transaction holding the same key makes this INSERT wait for its outcome, so exactly one
-    # request is accepted and the other reads its committed result below.
-    accounts = (
-        (send.to_account,)
-        if self_delivery or send.sender_boxes is None
-        else (
-            send.to_account,
-            send.from_account,
-        )
-    )
-    claim = (
-        send.from_account,
-        send.message_id,
-        send.digest,
-        status,
-        send.now,
-        expires_at,
-    )
-    marks = ", ".join("?" * len(accounts))
-    # The device read is index-covered by account_devices' primary key (account, device_id).
-    devices_sql = (
-        f"SELECT account, device_id FROM account_devices WHERE account IN ({marks})"
-        " AND not_before <= ? AND expires_at > ? LIMIT 64"
-    )
-    insert_sql = (
-        "INSERT INTO sends (from_account, message_id, digest, status, error, accepted_at,"
-        " expires_at) VALUES (?, ?, ?, ?, NULL, ?, ?)"
-        " ON CONFLICT (from_account, message_id) DO NOTHING"
-    )
-    if tx.dialect is Dialect.POSTGRES:
-        # One round trip: claim the key and read which devices are valid now (at acceptance).
-        rows = tx.all(
-            f"WITH c AS ({insert_sql} RETURNING 1) SELECT '', '' FROM c UNION ALL ({devices_sql})",
-            (*claim, *accounts, send.now, send.now),
-        )
-    else:
-        rows = [("", "")] if tx.execute(insert_sql, claim) == 1 else []
-        rows += tx.all(devices_sql, (*accounts, send.now, send.now))
-    claimed = any(r[0] == "" for r in rows)
-    if not claimed:
-        row = tx.one(
-            "SELECT digest, status, error, accepted_at FROM sends "
-            "WHERE from_account = ? AND message_id = ?",
-            (send.from_account, send.message_id),
-        )
-        assert row is not None
-        if row[0] != send.digest:
-            raise RelayFailure(
-                "state_conflict",
-                "this (from, message_id) was accepted with different request content",
-            )
-        error = json.loads(row[2]) if row[2] else None
-        return AcceptedSend(DeliveryResult(row[1], int(row[3]), error), True, ())
-    if send.refusal is not None:
-        raise send.refusal
-    valid: dict[str, set[str]] = {a: set() for a in accounts}
-    for account, device_id in rows:
-        if account:
-            valid[account].add(device_id)
-
-    recipient_visible = valid[send.to_account] & {b.device_id for b in send.recipient_boxes}
-    if not recipient_visible:
-        raise RelayFailure("device_unknown", "no recipient key-box device is currently valid")
-    sender_visible: set[str] = set()
-    if send.sender_boxes is not None and not self_delivery:
-        sender_visible = valid[send.from_account] & {b.device_id for b in send.sender_boxes}
-        if not sender_visible:
-            raise RelayFailure("device_unknown", "no sender key-box device is currently valid")
-
-    # Lock order: both heads are taken in account order, so two opposite sends between the
-    # same accounts (A->B and B->A, both with sender boxes) cannot deadlock on PostgreSQL.
-    plan: list[tuple[str, Sequence[KeyBox], set[str]]] = [
-        (send.to_account, send.recipient_boxes, recipient_visible)
-    ]
-    if sender_visible and send.sender_boxes is not None:
-        plan.append((send.from_account, send.sender_boxes, sender_visible))
-    plan.sort(key=lambda p: p[0])
-    appended = tuple((acct, _append(tx, acct, send, boxes, vis)) for acct, boxes, vis in plan)
-    return AcceptedSend(DeliveryResult(status, send.now), False, appended)
+    if not any(r[0] == "c" for r in rows):
+        return _duplicate(tx, send)
+    heads = {str(r[1]): int(r[3]) for r in rows if r[0] == "h"}
+    if not heads:
+        # Claimed, but refused or no visible device: raise (the savepoint drops the claim).
+        if send.refusal is not None:
+            raise send.refusal
+        valid: dict[str, set[str]] = {a: set() for a in accounts}
+        for r in rows:
+            if r[0] == "d":
+                valid[str(r[1])].add(str(r[2]))
+        _plan(send, valid)  # raises device_unknown for the timeline without a device
+        raise AssertionError("a valid send appended nothing")
+    appended = tuple(sorted(heads.items()))
+    return AcceptedSend(DeliveryResult("target_accepted", send.now), False, appended)
 
 
 class TimelineStore:

@@ -222,9 +222,6 @@ async def run(args: argparse.Namespace) -> int:
         page_limit=args.page_limit,
         shutdown_timeout=args.shutdown_timeout,
     )
-    import os as _os
-    if _os.environ.get("SWI"):
-        sys.setswitchinterval(float(_os.environ["SWI"]))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
