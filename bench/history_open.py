@@ -15,7 +15,8 @@ Prints one JSON object on stdout (progress on stderr):
   ``Sections.ingest_sync``, one transaction per 10,000 events);
 - ``loadavg``: ``/proc/loadavg`` at the end (the machine may be shared).
 
-``--quick`` uses 1,000 / 20,000 retained and 10,000 ingested events.
+``--quick`` uses 1,000 / 20,000 retained and 10,000 ingested events; ``--ingest-only``
+skips the open figures (repeat the ingestion run cheaply).
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ def make_events(start: int, count: int, room: str = ROOM) -> list[ClientEvent]:
         )
         for i in range(start, start + count)
     ]
+
+
+def _loadavg() -> str | None:
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        return None
 
 
 def log(*args: object) -> None:
@@ -125,12 +133,12 @@ async def time_ingest(path: Path, total: int, batch: int) -> tuple[float, float]
         return total / wall, total / cpu
 
 
-async def main(quick: bool) -> dict[str, Any]:
+async def main(quick: bool, ingest_only: bool = False) -> dict[str, Any]:
     small, large = (1_000, 20_000) if quick else (1_000, 1_000_000)
     n_ingest, batch = (10_000, 1_000) if quick else (100_000, 1_000)
     figures: dict[str, Any] = {"quick": quick, "small": small, "large": large}
     with tempfile.TemporaryDirectory() as tmp:
-        for n in (small, large):
+        for n in () if ingest_only else (small, large):
             store = Path(tmp) / f"open{n}"
             log(f"building a store of {n} events")
             rate = await build_store(store, n)
@@ -140,9 +148,10 @@ async def main(quick: bool) -> dict[str, Any]:
             median, best = await time_open(store, 15)
             figures[f"open_ms_{n}"] = round(median, 3)
             figures[f"open_ms_min_{n}"] = round(best, 3)
-        figures["open_ms_small"] = figures[f"open_ms_{small}"]
-        figures["open_ms_large"] = figures[f"open_ms_{large}"]
-        figures["open_ratio"] = round(figures["open_ms_large"] / figures["open_ms_small"], 3)
+        if not ingest_only:
+            figures["open_ms_small"] = figures[f"open_ms_{small}"]
+            figures["open_ms_large"] = figures[f"open_ms_{large}"]
+            figures["open_ratio"] = round(figures["open_ms_large"] / figures["open_ms_small"], 3)
         log(f"ingesting {n_ingest} events")
         figures["ingest_events"] = n_ingest
         figures["ingest_batch"] = batch
@@ -151,15 +160,15 @@ async def main(quick: bool) -> dict[str, Any]:
         # Events per second of this process's CPU (both threads): the figure on a quiet
         # machine, where wall time is not shared with other work.
         figures["ingest_cpu_events_per_s"] = round(cpu_rate)
-    try:
-        figures["loadavg"] = Path("/proc/loadavg").read_text().strip()
-    except OSError:
-        figures["loadavg"] = None
+    figures["loadavg"] = _loadavg()
     return figures
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
+    parser.add_argument(
+        "--ingest-only", action="store_true", help="only the ingestion figures (no 1M store)"
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.quick))))
+    print(json.dumps(asyncio.run(main(args.quick, args.ingest_only))))

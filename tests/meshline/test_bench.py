@@ -1,4 +1,5 @@
-"""bench/meshline_crypto.py --quick runs and prints its JSON figures (keys only, never timings)."""
+"""The meshline benchmarks run with --quick and print their JSON figures (keys only, never
+timings)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,30 @@ def test_bench_quick_prints_figures() -> None:
         "sync_page_1000_s",
         "sync_page_records",
         "crypto_floor_seal_per_s",
+        "crypto_floor_seal_cryptography_per_s",
     ):
         assert key in figures
     assert figures["quick"] is True
+
+
+def test_crypto_primitives_quick_prints_figures() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "crypto_primitives.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    figures = json.loads(out.stdout)
+    assert figures["quick"] is True
+    assert set(figures["versions"]) == {"cryptography", "pynacl"}
+    assert set(figures["primitives"]) == {
+        "x25519_keygen",
+        "x25519_exchange",
+        "x25519_exchange_parse",
+        "ed25519_sign",
+        "ed25519_verify",
+    }
+    for row in figures["primitives"].values():
+        assert set(row) == {"cryptography_us", "libsodium_us", "faster", "speedup"}

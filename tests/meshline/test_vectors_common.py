@@ -6,6 +6,7 @@ import base64
 import copy
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -34,6 +35,7 @@ from gapline.meshline import (
 from gapline.meshline._canonical import local_input_bytes
 from gapline.meshline._content import UnsupportedType, select_type
 from gapline.meshline._ids import decode_prefixed
+from gapline.meshline._keybox import _ephemeral_shared_secret
 from tests.meshline.vectors import load, pointer
 
 V = load("common-v1.json")
@@ -230,20 +232,29 @@ def test_signature_context(case: dict[str, Any]) -> None:
 # --- x25519 ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", V["x25519"]["cases"], ids=ids(V["x25519"]["cases"]))
-def test_x25519(case: dict[str, Any]) -> None:
+def _cryptography_exchange(private: bytes, peer: bytes) -> bytes:
     from cryptography.hazmat.primitives.asymmetric import x25519
 
-    private = x25519.X25519PrivateKey.from_private_bytes(b64u_decode(case["private_key"]))
+    return x25519_shared_secret(x25519.X25519PrivateKey.from_private_bytes(private), peer)
+
+
+# Opening exchanges with ``cryptography`` (x25519_shared_secret), sealing with libsodium
+# (_ephemeral_shared_secret): both must accept and refuse exactly what the vectors say.
+@pytest.mark.parametrize(
+    "exchange",
+    [_cryptography_exchange, _ephemeral_shared_secret],
+    ids=["cryptography", "libsodium"],
+)
+@pytest.mark.parametrize("case", V["x25519"]["cases"], ids=ids(V["x25519"]["cases"]))
+def test_x25519(case: dict[str, Any], exchange: Callable[[bytes, bytes], bytes]) -> None:
+    private = b64u_decode(case["private_key"])
     peer = b64u_decode(case["peer_public_key"])
     if case["expected_accepted"]:
-        assert x25519_shared_secret(private, peer) == b64u_decode(
-            case["expected_raw_shared_secret"]
-        )
+        assert exchange(private, peer) == b64u_decode(case["expected_raw_shared_secret"])
     else:
         assert b64u_decode(case["expected_raw_shared_secret"]) == bytes(32)
         with pytest.raises(DecryptionFailed):
-            x25519_shared_secret(private, peer)
+            exchange(private, peer)
 
 
 # --- encrypted_payload ----------------------------------------------------------------------

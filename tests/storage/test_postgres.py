@@ -17,7 +17,12 @@ from gapline.storage import (
     OperationalError,
     open_backend,
 )
-from gapline.storage._postgres import map_postgres_error, rewrite_placeholders
+from gapline.storage._postgres import (
+    _connect,
+    _PostgresWriterSession,
+    map_postgres_error,
+    rewrite_placeholders,
+)
 from tests.storage.contract import BackendContract
 
 pytestmark = pytest.mark.postgres
@@ -186,5 +191,67 @@ async def test_the_listener_reconnects_and_listens_again(postgres_dsn: str) -> N
             except TimeoutError:
                 continue
         assert received is not None and received.startswith("after")
+    finally:
+        await backend.close()
+
+
+def test_a_chained_commit_opens_the_next_transaction_in_the_same_round_trip(
+    postgres_dsn: str,
+) -> None:
+    """``commit(chain=True)`` sends ``COMMIT; BEGIN``: the first batch is committed and
+    visible, and the next batch runs in the already open transaction (no second BEGIN,
+    which PostgreSQL would answer with a "transaction in progress" warning)."""
+    conn = _connect(postgres_dsn, autocommit=True, name="gapline-writer")
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+    session = _PostgresWriterSession(postgres_dsn, conn)
+    with psycopg.connect(postgres_dsn, autocommit=True) as observer:
+        observer.execute("CREATE TABLE c (x INTEGER PRIMARY KEY)")
+        session.begin(False)
+        session.tx.execute("INSERT INTO c VALUES (?)", (1,))
+        session.commit(True)
+        assert conn.info.transaction_status is psycopg.pq.TransactionStatus.INTRANS
+        assert observer.execute("SELECT count(*) FROM c").fetchone() == (1,)
+        # A grouped batch in the chained transaction: its SAVEPOINT needs no BEGIN.
+        session.begin(True)
+        session.savepoint()
+        session.tx.execute("INSERT INTO c VALUES (?)", (2,))
+        session.release()
+        session.savepoint()
+        with pytest.raises(IntegrityError):
+            session.tx.execute("INSERT INTO c VALUES (?)", (1,))
+        session.rollback_to()
+        session.release()
+        session.commit(False)
+        assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+        assert observer.execute("SELECT x FROM c ORDER BY x").fetchall() == [(1,), (2,)]
+        # From idle, a grouped batch sends BEGIN with its first SAVEPOINT.
+        session.begin(True)
+        session.savepoint()
+        assert conn.info.transaction_status is psycopg.pq.TransactionStatus.INTRANS
+        session.rollback()
+        assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+    session.close()
+    assert notices == []
+
+
+async def test_a_burst_of_writes_commits_every_write_through_chained_transactions(
+    postgres_dsn: str,
+) -> None:
+    """Many writers at once keep the queue non-empty, so batches chain; a failing
+    operation in the middle still rolls back alone and the rest commit."""
+    backend = await open_backend(postgres_dsn, max_batch=4)
+    try:
+        await backend.write(lambda tx: tx.execute("CREATE TABLE b (x INTEGER PRIMARY KEY)"))
+
+        async def insert(x: int) -> int:
+            return await backend.write(lambda tx: tx.execute("INSERT INTO b VALUES (?)", (x,)))
+
+        results = await asyncio.gather(
+            *(insert(x) for x in [*range(100), 50]), return_exceptions=True
+        )
+        assert results[:100] == [1] * 100
+        assert isinstance(results[100], IntegrityError)
+        assert await backend.read(lambda tx: tx.one("SELECT count(*) FROM b")) == (100,)
     finally:
         await backend.close()

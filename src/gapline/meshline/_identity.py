@@ -5,6 +5,13 @@ network-bound bytes, encoded as 64-byte r||s, keys in 33-byte compressed form.
 Signing uses RFC 6979 deterministic nonces (``cryptography``'s
 ``deterministic_signing=True``), so the published vectors reproduce byte for
 byte. Device keys are Ed25519 (signing) and X25519 (encryption).
+
+Ed25519 signing runs on libsodium (PyNaCl; 1.6x faster than ``cryptography`` per
+``bench/crypto_primitives.py``) and gives the same bytes: RFC 8032 signatures are
+deterministic. Ed25519 verification stays on ``cryptography`` even though libsodium
+is faster: libsodium refuses some signatures OpenSSL accepts (small-order keys and
+``R``, non-canonical point encodings), the spec does not pick a rule, and changing
+what verifies is a protocol decision, not a speed one (docs/meshline.md).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import (
     decode_dss_signature,
     encode_dss_signature,
 )
+from nacl import bindings as _sodium
 
 from gapline.meshline._base64 import b64u_decode, b64u_encode
 from gapline.meshline._canonical import NetworkContext, network_bound_bytes
@@ -136,6 +144,12 @@ class DeviceKeys:
 
     signing_key: ed25519.Ed25519PrivateKey = field(repr=False)
     encryption_key: x25519.X25519PrivateKey = field(repr=False)
+    # libsodium's 64-byte form of ``signing_key`` (seed || public key), derived once.
+    _sodium_signing_key: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _, secret = _sodium.crypto_sign_seed_keypair(self.signing_key.private_bytes_raw())
+        object.__setattr__(self, "_sodium_signing_key", secret)
 
     @classmethod
     def generate(cls) -> DeviceKeys:
@@ -162,8 +176,10 @@ class DeviceKeys:
     def encryption_public_key(self) -> bytes:
         return self.encryption_key.public_key().public_bytes(_RAW, _RAW_PUB)
 
-    def sign(self, data: bytes) -> bytes:
-        return self.signing_key.sign(data)
+    def sign(self, data: bytes | bytearray | memoryview) -> bytes:
+        """Ed25519 by libsodium: byte-identical to ``self.signing_key.sign(data)``."""
+        # Combined mode (signature || message); PyNaCl has no detached binding.
+        return _sodium.crypto_sign(bytes(data), self._sodium_signing_key)[:64]
 
     def sign_object(
         self, obj: Mapping[str, Any], context: NetworkContext, *, exclude: tuple[str, ...]

@@ -5,11 +5,16 @@ KDF info and the box's AAD are the same bytes: network-bound
 allowed to decrypt (recipient account for recipient boxes, sender account for
 sender boxes), the device and the ephemeral key. An all-zero X25519 result
 aborts the operation on both sides.
+
+Backends, chosen per primitive by ``bench/crypto_primitives.py`` (docs/meshline.md
+"Benchmark and performance"): sealing makes its one-time key pair and its exchange
+with libsodium (PyNaCl), about twice as fast for the key generation; opening's
+exchange stays on ``cryptography`` (no measurable difference, and the caller's key is
+a ``cryptography`` object).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
@@ -21,6 +26,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import x25519
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from nacl import bindings as _sodium
+from nacl.exceptions import RuntimeError as _SodiumError
 
 from gapline.meshline._base64 import b64u_decode, b64u_encode
 from gapline.meshline._canonical import (
@@ -146,17 +153,22 @@ def x25519_shared_secret(private_key: x25519.X25519PrivateKey, peer_public: byte
     return secret
 
 
-@functools.lru_cache(maxsize=1024)
-def _x25519_public_key(public_key: bytes) -> x25519.X25519PublicKey:
-    """Recipient keys repeat from message to message; ephemeral ones (unwrap) are not cached."""
-    return x25519.X25519PublicKey.from_public_bytes(public_key)
+def _ephemeral_shared_secret(ephemeral_secret: bytes, peer_public: bytes) -> bytes:
+    """``x25519_shared_secret`` for a raw one-time scalar, computed by libsodium.
 
-
-def _recipient_shared_secret(private_key: x25519.X25519PrivateKey, peer_public: bytes) -> bytes:
-    """``x25519_shared_secret`` with the recipient's parsed key taken from the cache."""
+    libsodium's ``crypto_scalarmult`` fails (PyNaCl raises its RuntimeError) when the
+    result is all zero; it refuses the small-order peer points up front, and those
+    are exactly the inputs whose clamped-scalar product is zero, so accepting and
+    refusing match RFC 7748 + the zero check (the ``common`` x25519 vectors are run
+    through this function as well). PyNaCl does not check lengths before handing
+    pointers to C, so they are checked here (the same error ``cryptography``'s
+    refusal of a malformed key gave before).
+    """
+    if len(ephemeral_secret) != 32 or len(peer_public) != 32:
+        raise DecryptionFailed("X25519 keys must be 32 bytes")
     try:
-        secret = private_key.exchange(_x25519_public_key(bytes(peer_public)))
-    except ValueError:
+        secret = _sodium.crypto_scalarmult(bytes(ephemeral_secret), bytes(peer_public))
+    except _SodiumError:
         raise DecryptionFailed("X25519 shared secret is all zero") from None
     if secret == _ZERO32:
         raise DecryptionFailed("X25519 shared secret is all zero")
@@ -256,7 +268,7 @@ def wrap_content_key(
         device_id,
         encryption_public_key,
         context,
-        x25519.X25519PrivateKey.generate() if ephemeral is None else ephemeral,
+        os.urandom(32) if ephemeral is None else ephemeral.private_bytes_raw(),
         os.urandom(12) if nonce is None else nonce,
     )
 
@@ -269,12 +281,16 @@ def _wrap(
     device_id: str,
     encryption_public_key: bytes,
     context: NetworkContext,
-    ephemeral: x25519.X25519PrivateKey,
+    ephemeral_secret: bytes,
     nonce: bytes,
 ) -> MessageKeyBox:
-    """``wrap_content_key`` with the message's info parts built by the caller (once)."""
-    secret = _recipient_shared_secret(ephemeral, encryption_public_key)
-    enc = b64u_encode(ephemeral.public_key().public_bytes_raw())
+    """``wrap_content_key`` with the message's info parts built by the caller (once).
+
+    ``ephemeral_secret`` is the one-time X25519 scalar (32 random bytes; X25519
+    clamps it), so the key pair costs one libsodium base-point multiplication.
+    """
+    secret = _ephemeral_shared_secret(ephemeral_secret, encryption_public_key)
+    enc = b64u_encode(_sodium.crypto_scalarmult_base(ephemeral_secret))
     info = None if parts is None else _info_from_parts(parts, account, device_id, enc)
     if info is None:
         info = key_box_info(header, account=account, device_id=device_id, enc=enc, context=context)
@@ -290,13 +306,27 @@ def seal_boxes(
 ) -> tuple[MessageKeyBox, ...]:
     """One box per ``(account, device_id, encryption_public_key, nonce)``, fresh ephemeral each.
 
-    ``seal_message``'s path: the info text shared by the boxes is built once.
+    ``seal_message``'s path: the info text shared by the boxes is built once, and the
+    one-time scalars of all boxes come from one OS random draw (disjoint slices).
     """
     parts = _info_parts(header, context)
-    generate = x25519.X25519PrivateKey.generate
+    targets = tuple(targets)
+    scalars = os.urandom(32 * len(targets))
     return tuple(
-        _wrap(content_key, header, parts, account, device_id, public, context, generate(), nonce)
-        for account, device_id, public, nonce in targets
+        _wrap(
+            content_key,
+            header,
+            parts,
+            account,
+            device_id,
+            public,
+            context,
+            scalars[at : at + 32],
+            nonce,
+        )
+        for at, (account, device_id, public, nonce) in zip(
+            range(0, len(scalars), 32), targets, strict=True
+        )
     )
 
 

@@ -101,6 +101,19 @@ def _compact(value: Any, *, sort_keys: bool = False) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=sort_keys)
 
 
+_MEMBER_NAMES: dict[str, str] = {}
+
+
+def _member_name(name: str) -> str:
+    """``"name":`` as json.dumps writes it; the few top-level names are cached."""
+    text = _MEMBER_NAMES.get(name)
+    if text is None:
+        text = _compact(name) + ":"
+        if len(_MEMBER_NAMES) < 64:
+            _MEMBER_NAMES[name] = text
+    return text
+
+
 def _stored(text: str) -> Any:
     """A JSON text this relay wrote itself (already strictly validated on the way in)."""
     return json.loads(text)
@@ -414,7 +427,7 @@ class Relay:
         if "sender_boxes" in params:
             sender_texts = [_compact(b, sort_keys=True) for b in params["sender_boxes"]]
             parts["sender_boxes"] = "[" + ",".join(sender_texts) + "]"
-        canonical = "{" + ",".join(_compact(k) + ":" + parts[k] for k in sorted(parts)) + "}"
+        canonical = "{" + ",".join(_member_name(k) + parts[k] for k in sorted(parts)) + "}"
         digest = hashlib.sha256(canonical.encode()).hexdigest()
         now = self.config.clock()
         # Time checks refuse only new requests: a retry of an accepted message still gets its

@@ -196,10 +196,19 @@ def _connect(dsn: str, *, autocommit: bool, name: str) -> psycopg.Connection[Any
 class _PostgresWriterSession:
     """The writer connection in autocommit mode: BEGIN/COMMIT are issued explicitly.
 
-    Round trips dominate a PostgreSQL group, so a RELEASE is deferred and sent
-    with the next SAVEPOINT in one simple query (``RELEASE; SAVEPOINT``), and
-    COMMIT needs no RELEASE before it: each operation costs one round trip
-    beyond its own statements instead of two.
+    Round trips dominate a PostgreSQL group, so statements without parameters
+    ride together in one simple query wherever the protocol allows:
+
+    - a RELEASE is deferred and sent with the next SAVEPOINT (``RELEASE;
+      SAVEPOINT``), and COMMIT needs no RELEASE before it;
+    - a grouped batch sends its BEGIN with the first SAVEPOINT;
+    - when the writer already has the next batch queued, COMMIT is sent as
+      ``COMMIT; BEGIN`` and that batch starts inside the open transaction
+      (PostgreSQL runs the BEGIN only once the COMMIT succeeded and was flushed;
+      a bare BEGIN takes no snapshot and no lock, so it holds nothing back).
+
+    So a group of n operations costs n + 1 round trips beyond its own
+    statements under load (n + 2 from idle), a lone operation 1 (2 from idle).
     """
 
     def __init__(self, dsn: str, conn: psycopg.Connection[Any]) -> None:
@@ -207,6 +216,7 @@ class _PostgresWriterSession:
         self._conn = conn
         self.tx = _PostgresTx(conn)
         self._deferred = ""
+        self._chained = False  # a chained BEGIN opened the transaction already
 
     def _exec(self, statement: str) -> None:
         deferred, self._deferred = self._deferred, ""
@@ -214,19 +224,34 @@ class _PostgresWriterSession:
             statement = f"{deferred}; {statement}"
         self._conn.execute(_q(statement), prepare=False)
 
-    def begin(self, grouped: bool) -> None:
+    def _begin_with(self, statement: str) -> None:
         try:
-            self._exec("BEGIN")
+            self._conn.execute(_q(statement), prepare=False)
         except psycopg.OperationalError:
             if not (self._conn.closed or self._conn.broken):
                 raise
             # Lost while idle (server restart, idle timeout): nothing of the batch
             # has run yet, so reconnecting and beginning again is safe.
             self.ensure_open()
-            self._exec("BEGIN")
+            self._conn.execute(_q(statement), prepare=False)
+
+    def begin(self, grouped: bool) -> None:
+        self._deferred = ""
+        chained, self._chained = self._chained, False
+        if chained and not (self._conn.closed or self._conn.broken):
+            if self._conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+                return
+        if grouped:
+            self._deferred = "BEGIN"  # sent with the first SAVEPOINT
+        else:
+            self._begin_with("BEGIN")
 
     def savepoint(self) -> None:
-        self._exec("SAVEPOINT gapline_op")
+        if self._deferred == "BEGIN":
+            self._deferred = ""
+            self._begin_with("BEGIN; SAVEPOINT gapline_op")
+        else:
+            self._exec("SAVEPOINT gapline_op")
 
     def release(self) -> None:
         self._deferred = "RELEASE SAVEPOINT gapline_op"
@@ -234,12 +259,15 @@ class _PostgresWriterSession:
     def rollback_to(self) -> None:
         self._exec("ROLLBACK TO SAVEPOINT gapline_op")
 
-    def commit(self) -> None:
+    def commit(self, chain: bool) -> None:
         self._deferred = ""  # a pending RELEASE is implied by COMMIT
-        self._conn.execute("COMMIT", prepare=False)
+        self._chained = False
+        self._conn.execute("COMMIT; BEGIN" if chain else "COMMIT", prepare=False)
+        self._chained = chain
 
     def rollback(self) -> None:
         self._deferred = ""
+        self._chained = False
         if not self._conn.closed and (
             self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
         ):
@@ -251,6 +279,7 @@ class _PostgresWriterSession:
                 self._conn.close()
             self._conn = _connect(self._dsn, autocommit=True, name="gapline-writer")
             self.tx = _PostgresTx(self._conn)
+            self._chained = False
 
     def map_error(self, exc: BaseException) -> BaseException:
         return map_postgres_error(exc)

@@ -168,7 +168,8 @@ class _SQLiteWriterSession:
     def rollback_to(self) -> None:
         self._conn.execute("ROLLBACK TO gapline_op")
 
-    def commit(self) -> None:
+    def commit(self, chain: bool) -> None:
+        # BEGIN IMMEDIATE costs no round trip in-process: nothing to save by chaining.
         self._conn.execute("COMMIT")
 
     def rollback(self) -> None:

@@ -54,7 +54,11 @@ class WriterSession(Protocol):
     def savepoint(self) -> None: ...
     def release(self) -> None: ...
     def rollback_to(self) -> None: ...
-    def commit(self) -> None: ...
+    def commit(self, chain: bool) -> None:
+        """Commit; ``chain``: another batch is already queued, so a session may open
+        the next transaction in the same round trip (PostgreSQL ``COMMIT; BEGIN``)."""
+        ...
+
     def rollback(self) -> None: ...
     def ensure_open(self) -> None:
         """Reconnect if the connection was lost (no-op for SQLite)."""
@@ -229,7 +233,8 @@ class GroupCommitWriter:
                     return
                 outcomes.append((fut, True, result))
         try:
-            session.commit()
+            # Checked after the ops ran: under load the next batch is already waiting.
+            session.commit(not self._queue.empty())
         except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
             self._abort(live, session, exc)
             return
