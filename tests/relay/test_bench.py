@@ -33,9 +33,12 @@ def test_bench_quick_prints_the_figures(postgres_cluster: object) -> None:
             "processes",
             "notify_latency_ms",
             "sync_latency_ms",
+            "cpu",
+            "websocket",
         ):
             assert key in data, (scenario, key)
         assert set(data["sync_latency_ms"]) >= {"p50", "p99"}
+        assert set(data["cpu"]) >= {"relay_ms_per_send", "client_ms_per_send"}
     assert figures["postgres"]["processes"] == 2
     assert "targets" in figures and "machine" in figures
     assert "sends_per_second" in figures["synapse"] or "error" in figures["synapse"]

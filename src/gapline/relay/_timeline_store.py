@@ -53,7 +53,7 @@ _CLEANUP_BATCH = 2000
 @dataclass(frozen=True, slots=True)
 class KeyBox:
     device_id: str
-    json: str  # the MessageKeyBox as received (re-serialised compactly)
+    json: str  # the MessageKeyBox as received (re-serialised compactly, members sorted)
 
 
 @dataclass(frozen=True, slots=True)

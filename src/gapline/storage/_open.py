@@ -17,7 +17,8 @@ async def open_backend(dsn: str, **opts: Any) -> Backend:
     A ``postgresql://`` or ``postgres://`` URL opens PostgreSQL (the ``postgres``
     extra must be installed); anything else is a SQLite file path, whose parent
     directory is created. ``opts`` go to the backend (``group_commit``,
-    ``max_batch``, ``readers``; SQLite also ``busy_timeout_ms``).
+    ``max_batch``, ``readers``; SQLite also ``busy_timeout_ms``;
+    PostgreSQL also ``writers``).
     """
     if dsn.startswith(_POSTGRES_SCHEMES):
         from gapline.storage._postgres import open_postgres

@@ -460,7 +460,7 @@ class PostgresBackend:
     def __init__(
         self,
         dsn: str,
-        writer_conn: psycopg.Connection[Any],
+        writer_conns: Sequence[psycopg.Connection[Any]],
         *,
         group_commit: bool,
         max_batch: int,
@@ -469,7 +469,7 @@ class PostgresBackend:
         self.dsn = dsn
         self._hub = NotificationHub()
         self._writer = GroupCommitWriter(
-            _PostgresWriterSession(dsn, writer_conn),
+            [_PostgresWriterSession(dsn, conn) for conn in writer_conns],
             None,  # notifications come back through LISTEN, from every process alike
             max_batch=max_batch,
             group_commit=group_commit,
@@ -537,9 +537,29 @@ async def open_postgres(
     group_commit: bool = True,
     max_batch: int = 64,
     readers: int = 4,
+    writers: int = 1,
 ) -> PostgresBackend:
-    """Connect to the PostgreSQL database at ``dsn`` (a ``postgresql://`` URL)."""
-    conn = await asyncio.to_thread(_connect, dsn, autocommit=True, name="gapline-writer")
+    """Connect to the PostgreSQL database at ``dsn`` (a ``postgresql://`` URL).
+
+    ``writers``: writer connections, each running its own group-committed
+    batches. More than one lets batches overlap (their round trips and fsyncs),
+    at the price of ordering: writes awaited in sequence still commit in order,
+    writes submitted together without awaiting may commit in any order, and
+    concurrent batches can meet as concurrent transactions do (row locks,
+    deadlock errors), exactly as writers in separate processes already do.
+    """
+    if writers < 1:
+        raise ValueError("writers must be >= 1")
+    conns: list[psycopg.Connection[Any]] = []
+    try:
+        for _ in range(writers):
+            conns.append(
+                await asyncio.to_thread(_connect, dsn, autocommit=True, name="gapline-writer")
+            )
+    except BaseException:
+        for conn in conns:
+            conn.close()
+        raise
     return PostgresBackend(
-        dsn, conn, group_commit=group_commit, max_batch=max_batch, readers=readers
+        dsn, conns, group_commit=group_commit, max_batch=max_batch, readers=readers
     )

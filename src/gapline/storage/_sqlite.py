@@ -223,7 +223,7 @@ class SQLiteBackend:
         self.path = path
         self._hub = NotificationHub()
         self._writer = GroupCommitWriter(
-            _SQLiteWriterSession(writer_conn),
+            [_SQLiteWriterSession(writer_conn)],
             self._hub,
             max_batch=max_batch,
             group_commit=group_commit,

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import CoroutineType
 from typing import Any, Protocol, TypeVar
@@ -92,11 +92,19 @@ def _resolve(outcomes: list[_Outcome]) -> None:
 
 
 class GroupCommitWriter:
-    """Runs write operations on one thread, ``max_batch`` per transaction."""
+    """Runs write operations, ``max_batch`` per transaction, one thread per session.
+
+    With one session (SQLite always; PostgreSQL by default) writes commit in
+    the order they were submitted. With several (PostgreSQL ``writers=N``),
+    each thread takes the next batch from the one queue when it is free, so
+    batches run and commit concurrently: writes awaited in sequence still
+    commit in order, but writes submitted together without awaiting may
+    commit in any order.
+    """
 
     def __init__(
         self,
-        session: WriterSession,
+        sessions: Sequence[WriterSession],
         hub: NotificationHub | None,
         *,
         max_batch: int,
@@ -105,14 +113,26 @@ class GroupCommitWriter:
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
-        self._session = session
+        if not sessions:
+            raise ValueError("at least one writer session is needed")
         self._hub = hub
         self._max_batch = max_batch if group_commit else 1
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._closing = False
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._alive = len(sessions)
+        self._alive_lock = threading.Lock()
+        self._threads = [
+            threading.Thread(
+                target=self._run,
+                args=(session,),
+                name=name if len(sessions) == 1 else f"{name}-{i}",
+                daemon=True,
+            )
+            for i, session in enumerate(sessions)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     async def write(self, op: Callable[[Any], T]) -> T:
         if self._closing:
@@ -126,12 +146,13 @@ class GroupCommitWriter:
         """Stop accepting writes; wait until every queued write has committed."""
         if not self._closing:
             self._closing = True
-            self._queue.put(None)
+            for _ in self._threads:  # one stop mark per thread
+                self._queue.put(None)
         await asyncio.to_thread(self._done.wait)
 
     # -- writer thread -------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, session: WriterSession) -> None:
         get, get_nowait, max_batch = self._queue.get, self._queue.get_nowait, self._max_batch
         try:
             while True:
@@ -150,7 +171,7 @@ class GroupCommitWriter:
                         break
                     batch.append(item)
                 try:
-                    self._run_batch(batch)
+                    self._run_batch(session, batch)
                 except BaseException as exc:  # noqa: BLE001 - a bug here must not hang callers
                     self._fail_all(batch, OperationalError(f"the writer failed: {exc!r}"))
                 if stop:
@@ -158,7 +179,12 @@ class GroupCommitWriter:
         finally:
             self._closing = True
             with contextlib.suppress(Exception):
-                self._session.close()
+                session.close()
+            with self._alive_lock:
+                self._alive -= 1
+                last = self._alive == 0
+            if not last:
+                return  # draining now would steal the stop marks of the others
             # Anything still queued (only if the loop above died) is refused, not lost silently.
             leftovers: list[_Item] = []
             with contextlib.suppress(queue.Empty):
@@ -170,12 +196,11 @@ class GroupCommitWriter:
                 self._fail_all(leftovers, BackendClosed("the backend is closed"))
             self._done.set()
 
-    def _run_batch(self, batch: list[_Item]) -> None:
+    def _run_batch(self, session: WriterSession, batch: list[_Item]) -> None:
         # A caller cancelled before its batch started is skipped; from here on it runs.
         live = [item for item in batch if not item[1].cancelled()]
         if not live:
             return
-        session = self._session
         outcomes: list[_Outcome] = []
         try:
             session.ensure_open()
