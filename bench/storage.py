@@ -1,7 +1,7 @@
 """Durable single-row write throughput: 64 concurrent writers, group commit on vs off.
 
 Runs SQLite and PostgreSQL (a throwaway cluster from the local binaries, fsync
-on) in one process and prints one JSON object on stdout; progress goes to
+on; group commit also with ``writers=4`` connections) in one process and prints one JSON object on stdout; progress goes to
 stderr. Every write counted has *resolved*, i.e. its COMMIT returned (SQLite
 ``synchronous=FULL`` in WAL; PostgreSQL ``synchronous_commit=on``).
 
@@ -42,8 +42,11 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-async def measure(dsn: str, *, group_commit: bool, writers: int, seconds: float) -> dict[str, Any]:
-    backend = await open_backend(dsn, group_commit=group_commit)
+async def measure(
+    dsn: str, *, group_commit: bool, writers: int, seconds: float, connections: int = 1
+) -> dict[str, Any]:
+    opts: dict[str, Any] = {"writers": connections} if connections > 1 else {}
+    backend = await open_backend(dsn, group_commit=group_commit, **opts)
     try:
         await backend.migrate("bench", ROWS)
         done = 0
@@ -158,6 +161,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 dsn, group_commit=group_commit, writers=args.writers, seconds=seconds
             )
             log(f"  {postgres[label]['writes_per_s']} writes/s")
+        log("postgres group_commit, writers=4 connections ...")
+        dsn = await asyncio.to_thread(cluster.create_database)
+        postgres["group_commit_4_writers"] = await measure(
+            dsn, group_commit=True, writers=args.writers, seconds=seconds, connections=4
+        )
+        log(f"  {postgres['group_commit_4_writers']['writes_per_s']} writes/s")
         postgres["speedup"] = round(
             postgres["group_commit"]["writes_per_s"] / postgres["one_tx_per_write"]["writes_per_s"],
             2,

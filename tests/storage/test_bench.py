@@ -45,3 +45,4 @@ async def test_storage_bench_quick_run_prints_its_figures(postgres_cluster: obje
             } <= run.keys()
             assert run["writes"] > 0
         assert figures[backend]["speedup"] > 0
+    assert figures["postgres"]["group_commit_4_writers"]["writes"] > 0

@@ -255,3 +255,90 @@ async def test_a_burst_of_writes_commits_every_write_through_chained_transaction
         assert await backend.read(lambda tx: tx.one("SELECT count(*) FROM b")) == (100,)
     finally:
         await backend.close()
+
+
+async def _wait_for_a_lock_wait(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(600):
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE application_name = 'gapline-writer' AND wait_event_type = 'Lock'"
+            ).fetchone()
+            if row is not None and row[0] >= 1:
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError("the first write never waited on the lock")
+
+
+async def test_several_writers_commit_batches_independently(postgres_dsn: str) -> None:
+    """With ``writers=2`` a write blocked on a row lock holds up only its own writer
+    connection: a later write commits meanwhile (with one writer it would wait)."""
+    backend = await open_backend(postgres_dsn, writers=2)
+    try:
+        await backend.write(
+            lambda tx: tx.execute("CREATE TABLE w (k INTEGER PRIMARY KEY, v INTEGER)")
+        )
+        await backend.write(lambda tx: tx.execute("INSERT INTO w VALUES (1, 0)"))
+        with psycopg.connect(postgres_dsn) as holder:
+            holder.execute("SELECT v FROM w WHERE k = 1 FOR UPDATE")
+            blocked = asyncio.create_task(
+                backend.write(lambda tx: tx.execute("UPDATE w SET v = 1 WHERE k = 1"))
+            )
+            await _wait_for_a_lock_wait(postgres_dsn)
+            assert await backend.write(lambda tx: tx.execute("INSERT INTO w VALUES (2, 2)")) == 1
+            assert not blocked.done()
+            holder.rollback()
+        assert await blocked == 1
+        rows = await backend.read(lambda tx: tx.all("SELECT k, v FROM w ORDER BY k"))
+        assert rows == [(1, 1), (2, 2)]
+    finally:
+        await backend.close()
+
+
+async def test_several_writers_keep_the_order_of_awaited_writes(postgres_dsn: str) -> None:
+    """What still holds with ``writers=4``: each caller's awaited writes commit in its
+    order, an op that raises rolls back alone, and close() waits for every queued write."""
+    backend = await open_backend(postgres_dsn, writers=4, max_batch=3)
+    await backend.write(
+        lambda tx: tx.execute(
+            "CREATE TABLE o (n BIGINT GENERATED ALWAYS AS IDENTITY, caller INTEGER, i INTEGER,"
+            " at_commit BIGINT DEFAULT txid_current(), UNIQUE (caller, i))"
+        )
+    )
+
+    async def caller(c: int) -> None:
+        for i in range(30):
+            await backend.write(
+                lambda tx, i=i: tx.execute("INSERT INTO o (caller, i) VALUES (?, ?)", (c, i))
+            )
+
+    async def failing() -> None:
+        with pytest.raises(IntegrityError):
+            await backend.write(lambda tx: tx.execute("INSERT INTO o (caller, i) VALUES (0, 0)"))
+
+    await asyncio.gather(*(caller(c) for c in range(8)))
+    await asyncio.gather(failing(), *(caller(c) for c in range(8, 12)))
+    queued = [
+        asyncio.ensure_future(
+            backend.write(
+                lambda tx, i=i: tx.execute("INSERT INTO o (caller, i) VALUES (99, ?)", (i,))
+            )
+        )
+        for i in range(40)
+    ]
+    await asyncio.sleep(0)  # let every write reach the queue before closing
+    await backend.close()
+    assert [f.result() for f in queued] == [1] * 40
+    with psycopg.connect(postgres_dsn) as conn:
+        for c in range(12):
+            # A later write of one caller began after the earlier one committed, so its
+            # transaction id is higher: commit order follows each caller's order.
+            ids = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT at_commit FROM o WHERE caller = %s ORDER BY i", (c,)
+                ).fetchall()
+            ]
+            assert len(ids) == 30
+            assert ids == sorted(ids)
+        assert conn.execute("SELECT count(*) FROM o WHERE caller = 99").fetchone() == (40,)

@@ -88,6 +88,11 @@ class Backend(Protocol):
       write is durable (fsync'd, ``synchronous=FULL`` / default PostgreSQL
       commit), so a crash after it resolves cannot lose the write.
     - Writes from one caller, awaited in sequence, commit in that order.
+      Writes submitted without awaiting in between (``gather``) also commit
+      in submission order on SQLite and on PostgreSQL with the default single
+      writer connection; PostgreSQL opened with ``writers=N > 1`` runs N
+      group-committed batches concurrently and gives no order among such
+      writes (nor between different callers), only the awaited order above.
     - Cancelling a caller never leaves a half-written transaction: an op runs
       entirely or not at all. Once started it finishes; the caller just stops
       waiting for the outcome.

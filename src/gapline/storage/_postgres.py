@@ -4,8 +4,9 @@ Driver: psycopg 3 *sync* connections, each owned by one thread (see
 docs/storage.md for the measurement behind the choice). An operation is a
 synchronous ``op(tx)``; with a sync connection its statements are plain calls
 on the DB thread, exactly as on SQLite, so both backends share the writer
-loop in ``_writer.py`` (one writer connection, group commit with a SAVEPOINT
-per operation, futures resolved after COMMIT returns).
+loop in ``_writer.py`` (one writer connection by default, ``writers=N`` for
+several; group commit with a SAVEPOINT per operation, futures resolved after
+COMMIT returns).
 
 ``?`` placeholders are rewritten to ``%s`` once per SQL string (cached), outside
 string literals, quoted identifiers and comments; a literal ``%`` is doubled.
@@ -238,9 +239,13 @@ class _PostgresWriterSession:
     def begin(self, grouped: bool) -> None:
         self._deferred = ""
         chained, self._chained = self._chained, False
-        if chained and not (self._conn.closed or self._conn.broken):
-            if self._conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
-                return
+        conn = self._conn
+        if (
+            chained
+            and not (conn.closed or conn.broken)
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        ):
+            return
         if grouped:
             self._deferred = "BEGIN"  # sent with the first SAVEPOINT
         else:

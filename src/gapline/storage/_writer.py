@@ -1,4 +1,4 @@
-"""The write path shared by both backends: one writer thread, group commit.
+"""The write path shared by both backends: a writer thread per connection, group commit.
 
 Why a thread that owns the connection, fed by a ``queue.SimpleQueue``: an
 operation is synchronous driver work, so it must run off the event loop; a
@@ -16,6 +16,8 @@ thread itself must survive it.
 
 The driver-specific part is a :class:`WriterSession` (begin / savepoint /
 commit statements and the error mapper); the loop here knows no driver.
+SQLite has exactly one writer session; PostgreSQL may have several
+(``writers=N``), each thread taking the next batch from the shared queue.
 """
 
 from __future__ import annotations
@@ -180,21 +182,23 @@ class GroupCommitWriter:
             self._closing = True
             with contextlib.suppress(Exception):
                 session.close()
-            with self._alive_lock:
-                self._alive -= 1
-                last = self._alive == 0
-            if not last:
-                return  # draining now would steal the stop marks of the others
-            # Anything still queued (only if the loop above died) is refused, not lost silently.
-            leftovers: list[_Item] = []
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    item = self._queue.get_nowait()
-                    if item is not None:
-                        leftovers.append(item)
-            if leftovers:
-                self._fail_all(leftovers, BackendClosed("the backend is closed"))
-            self._done.set()
+            self._finish()
+
+    def _finish(self) -> None:
+        with self._alive_lock:
+            self._alive -= 1
+            if self._alive:
+                return  # draining now would steal the stop marks of the other threads
+        # Anything still queued (only if a loop above died) is refused, not lost silently.
+        leftovers: list[_Item] = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                item = self._queue.get_nowait()
+                if item is not None:
+                    leftovers.append(item)
+        if leftovers:
+            self._fail_all(leftovers, BackendClosed("the backend is closed"))
+        self._done.set()
 
     def _run_batch(self, session: WriterSession, batch: list[_Item]) -> None:
         # A caller cancelled before its batch started is skipped; from here on it runs.
