@@ -70,6 +70,10 @@ async def running_bot(
         yield bot
     finally:
         task.cancel()
+        # A bot that ignores its cancellation is a bug to report, not a test to hang.
+        done, _ = await asyncio.wait({task}, timeout=30)
+        if task not in done:
+            raise AssertionError("the bot did not stop within 30 s of being cancelled")
         with contextlib.suppress(asyncio.CancelledError):
             await task
 

@@ -142,8 +142,11 @@ class TurnRunner:
             while True:
                 self._wake.clear()
                 await self._start_due(group)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                # cancellation that races with the wake-up, and this loop would never end.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=self.poll_interval)
+                    async with asyncio.timeout(self.poll_interval):
+                        await self._wake.wait()
 
     async def _start_due(self, group: asyncio.TaskGroup) -> None:
         free = self.max_concurrent - len(self._running)
@@ -220,7 +223,8 @@ class TurnRunner:
             self.wake_delivery()
             while True:
                 with contextlib.suppress(TimeoutError):
-                    return await asyncio.wait_for(asyncio.shield(waiter), timeout=1.0)
+                    async with asyncio.timeout(1.0):
+                        return await asyncio.shield(waiter)
                 # Missed callback (another process acknowledged) or a fence meanwhile.
                 current = await self.journal.turn(turn.turn_id)
                 if current is not None and current.initial_event_id is not None:

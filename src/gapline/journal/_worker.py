@@ -139,8 +139,11 @@ class DeliveryWorker:
             while True:
                 self._wake.clear()
                 await self._start_due(group)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                # cancellation that races with the wake-up, and this loop would never end.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=self._next_wait())
+                    async with asyncio.timeout(self._next_wait()):
+                        await self._wake.wait()
                 # Coalesce a burst of enqueues into one claim: every claim also re-marks
                 # the rows still in flight, so claiming per enqueue would contend with
                 # their acknowledgements for the same rows.

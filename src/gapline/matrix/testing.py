@@ -1340,7 +1340,8 @@ class FakeHomeserver:
             if since is None or not empty or remaining <= 0:
                 return _Reply(200, answer)
             try:
-                await asyncio.wait_for(wake.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await wake.wait()
             except TimeoutError:
                 return _Reply(200, self._sync_answer(viewer, since, limit, full_state))
 

@@ -16,7 +16,7 @@ place.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import tzinfo
@@ -31,7 +31,7 @@ from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Input, Label, OptionList, ProgressBar, Static
 from textual.widgets.option_list import Option
-from textual.worker import Worker
+from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from gapline.history import (
     Answer,
@@ -68,6 +68,8 @@ from gapline.history import Event as EngineEventValue
 from gapline.history.rooms import RoomDirectory, RoomSummary
 from gapline.tui._text import FillProgress, recent_label
 from gapline.tui._timeline import TimelineView
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Connect", "EngineHandle", "GaplineApp"]
 
@@ -230,8 +232,12 @@ class GaplineApp(App[int]):
         self._stopping.set()
         worker = self._engine_worker
         if worker is not None and not worker.is_finished:
-            with contextlib.suppress(Exception):
+            try:
                 await worker.wait()
+            except (WorkerCancelled, WorkerFailed) as exc:
+                # Quitting anyway: the engine's failure was already shown as a notice,
+                # so it goes to the log rather than stopping the exit.
+                log.warning("the engine stopped with an error on exit: %s", exc)
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
