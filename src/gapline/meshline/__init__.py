@@ -8,6 +8,7 @@ signatures cover them. Verification functions raise the typed errors of
 
 from gapline.meshline._base64 import b64u_decode, b64u_encode
 from gapline.meshline._canonical import (
+    LOCAL_DEVELOPMENT_CONTEXT,
     MAX_DEPTH,
     MAX_SAFE_INTEGER,
     NetworkContext,
@@ -157,6 +158,7 @@ __all__ = [
     "HTTP_STATUS_BY_CODE",
     "JSONRPC_CODE_BY_CODE",
     "KEYBOX_ALG",
+    "LOCAL_DEVELOPMENT_CONTEXT",
     "MAX_DEPTH",
     "MAX_SAFE_INTEGER",
     "SESSION_HEADER",

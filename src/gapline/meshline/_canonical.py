@@ -63,6 +63,13 @@ class NetworkContext(str):
         return int(self.split(":")[1])
 
 
+# The local-development network context: Neo magic 0 and the all-zero registry
+# hash, format-valid (common-v1.json "zero_registry") and belonging to no
+# deployed registry. `gapline relay serve` defaults to it, so a client and a
+# local relay agree without configuration; it is never sent on the wire.
+LOCAL_DEVELOPMENT_CONTEXT = NetworkContext("neo:0:0x" + "0" * 40)
+
+
 def _reject_float(text: str) -> Any:
     raise BadRequest(f"protocol numbers are integers: {text}")
 

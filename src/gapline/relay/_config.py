@@ -7,14 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gapline.meshline import NetworkContext
+from gapline.meshline import LOCAL_DEVELOPMENT_CONTEXT, NetworkContext
 
 __all__ = ["DEFAULT_NETWORK_CONTEXT", "RelayConfig", "system_clock"]
 
-# The local-development network context: Neo magic 0 and the all-zero registry hash, which
-# is format-valid (common-v1.json "zero_registry") and belongs to no deployed registry. Every
-# client of a local relay must be configured with the same value; it is never sent on the wire.
-DEFAULT_NETWORK_CONTEXT = "neo:0:0x" + "0" * 40
+# Every client of a local relay must use the same value; it is never sent on the wire.
+DEFAULT_NETWORK_CONTEXT: str = LOCAL_DEVELOPMENT_CONTEXT
 
 
 def system_clock() -> int:
