@@ -307,3 +307,18 @@ def test_canonical_json_still_refuses_a_cycle() -> None:
     cyclic.append(cyclic)
     with pytest.raises(RecursionError):
         canonical_json(cyclic)
+
+
+def test_parse_json_skips_the_tree_walk_only_when_it_could_find_nothing() -> None:
+    from gapline.meshline import parse_json
+    from gapline.meshline._errors import BadRequest as _BadRequest
+
+    deep = "[" * 17 + "0" + "]" * 17
+    with pytest.raises(_BadRequest):
+        parse_json(deep.encode())
+    assert parse_json(("[" * 16 + "0" + "]" * 16).encode()) is not None
+    with pytest.raises(_BadRequest):
+        parse_json(b'{"a": "\\ud800"}')  # a lone surrogate from an escape
+    with pytest.raises(_BadRequest):
+        parse_json('{"a": "\ud800"}')  # a lone surrogate in a str input
+    assert parse_json(b'{"a": "\\ud83d\\ude00"}') == {"a": "\U0001f600"}

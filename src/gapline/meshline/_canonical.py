@@ -132,6 +132,10 @@ def parse_json(data: bytes | str) -> Any:
             raise BadRequest("invalid UTF-8") from None
     else:
         text = data
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest("string holds a lone surrogate") from None
     try:
         value = json.loads(
             text,
@@ -144,7 +148,13 @@ def parse_json(data: bytes | str) -> Any:
         raise
     except (ValueError, RecursionError) as exc:
         raise BadRequest(f"invalid JSON: {exc}") from None
-    _check_tree(value)
+    # The tree walk is only needed when it could find something. A node's depth
+    # is at most the number of container openings in the text (strings included,
+    # an over-count), and once the text itself is valid UTF-8 a lone surrogate can
+    # only come from a \u escape. A typical request has ~7 brackets and no escape,
+    # and skips a walk that cost the relay 15-50 µs per request.
+    if "\\u" in text or text.count("{") + text.count("[") > MAX_DEPTH:
+        _check_tree(value)
     return value
 
 
