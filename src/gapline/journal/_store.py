@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from functools import partial
+from typing import Any
 
 from gapline.journal import _membership, _outbox
 from gapline.journal._projection import (
@@ -69,6 +70,45 @@ def _positive(limit: int) -> int:
     if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
         raise ValueError(f"limit must be a positive integer, not {limit!r}")
     return limit
+
+
+# The journal insert with the membership-epoch check riding in it (one statement
+# on the hot path). Shared by the SQLite path and, as the first CTE, by the
+# single-statement PostgreSQL path; its parameters come from _journal_row.
+_EPOCH_CHECKED_INSERT = (
+    "INSERT INTO journal_events (principal_id, event_id, room_id, thread_id, sender,"
+    " origin_server_ts, type, kind, provenance, epoch, redacts, resolved_text, source,"
+    " settled) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
+    " WHERE COALESCE((SELECT epoch FROM journal_membership"
+    " WHERE principal_id = ? AND room_id = ?), 0) = ?"
+    " ON CONFLICT (principal_id, event_id) DO NOTHING RETURNING seq"
+)
+
+
+def _journal_row(
+    p: str, event: InboundEvent, thread: str, epoch: int, source: bytes, context_only: bool
+) -> tuple[Any, ...]:
+    """The parameters of ``_EPOCH_CHECKED_INSERT``. Context-only rows keep only the
+    identity needed to deduplicate (contract 3) and are stored settled."""
+    return (
+        p,
+        event.event_id,
+        event.room_id,
+        thread,
+        event.sender,
+        event.origin_server_ts,
+        event.type,
+        event.kind.value,
+        event.provenance.value,
+        epoch,
+        event.redacts,
+        None if context_only else event.resolved_text,
+        None if context_only else source,
+        1 if context_only else 0,
+        p,
+        event.room_id,
+        epoch,
+    )
 
 
 class JournalStore:
@@ -201,31 +241,8 @@ class PrincipalJournal:
         # Context-only rows keep only their identity (contract 3): they are projected
         # below, in this transaction, from the in-memory event, and stored settled.
         row = tx.one(
-            "INSERT INTO journal_events (principal_id, event_id, room_id, thread_id, sender,"
-            " origin_server_ts, type, kind, provenance, epoch, redacts, resolved_text, source,"
-            " settled) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
-            " WHERE COALESCE((SELECT epoch FROM journal_membership"
-            " WHERE principal_id = ? AND room_id = ?), 0) = ?"
-            " ON CONFLICT (principal_id, event_id) DO NOTHING RETURNING seq",
-            (
-                p,
-                event.event_id,
-                room_id,
-                thread,
-                event.sender,
-                event.origin_server_ts,
-                event.type,
-                event.kind.value,
-                event.provenance.value,
-                epoch,
-                event.redacts,
-                None if context_only else event.resolved_text,
-                None if context_only else source,
-                1 if context_only else 0,
-                p,
-                room_id,
-                epoch,
-            ),
+            _EPOCH_CHECKED_INSERT,
+            _journal_row(p, event, thread, epoch, source, context_only),
         )
         if row is None:
             if _membership.current_epoch(tx, p, room_id) != epoch:
@@ -270,13 +287,7 @@ class PrincipalJournal:
         room_id = event.room_id
         project = parsed.kind is ParsedKind.ORIGINAL
         row = tx.one(
-            "WITH j AS ("
-            " INSERT INTO journal_events (principal_id, event_id, room_id, thread_id, sender,"
-            " origin_server_ts, type, kind, provenance, epoch, redacts, resolved_text, source,"
-            " settled) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
-            " WHERE COALESCE((SELECT epoch FROM journal_membership"
-            " WHERE principal_id = ? AND room_id = ?), 0) = ?"
-            " ON CONFLICT (principal_id, event_id) DO NOTHING RETURNING seq),"
+            f"WITH j AS ({_EPOCH_CHECKED_INSERT}),"
             " m AS ("
             " INSERT INTO journal_messages (principal_id, room_id, thread_id, created_ts,"
             " logical_event_id, sender, body, edited, rev_ts, rev_event_id, refresh_token)"
@@ -294,23 +305,7 @@ class PrincipalJournal:
             " (SELECT json_agg(json_build_array(sender, edit_ts, edit_event_id, body,"
             " refresh_token)) FROM h)",
             (
-                p,
-                event.event_id,
-                room_id,
-                thread,
-                event.sender,
-                event.origin_server_ts,
-                event.type,
-                event.kind.value,
-                event.provenance.value,
-                epoch,
-                event.redacts,
-                None if context_only else event.resolved_text,
-                None if context_only else source,
-                1 if context_only else 0,
-                p,
-                room_id,
-                epoch,
+                *_journal_row(p, event, thread, epoch, source, context_only),
                 # m: the projection row, only for an original not tombstoned
                 p,
                 room_id,

@@ -33,7 +33,7 @@ from typing import Any, LiteralString, TypeVar, cast
 import psycopg
 from psycopg import sql as pgsql
 
-from gapline.storage._backend import Dialect, Migration
+from gapline.storage._backend import Dialect
 from gapline.storage._errors import (
     BackendClosed,
     BackendUnavailable,
@@ -42,8 +42,8 @@ from gapline.storage._errors import (
     OperationalError,
     StorageError,
 )
-from gapline.storage._migrations import apply_migrations
 from gapline.storage._notify import NotificationHub
+from gapline.storage._pooled import PooledBackend
 from gapline.storage._writer import GroupCommitWriter, ReaderPool
 
 __all__ = ["PostgresBackend", "map_postgres_error", "open_postgres", "rewrite_placeholders"]
@@ -459,7 +459,7 @@ class _Listener:
                 os.close(fd)
 
 
-class PostgresBackend:
+class PostgresBackend(PooledBackend):
     """A :class:`gapline.storage.Backend` on a PostgreSQL database. Open with :func:`open_postgres`."""
 
     def __init__(
@@ -472,38 +472,23 @@ class PostgresBackend:
         readers: int,
     ) -> None:
         self.dsn = dsn
-        self._hub = NotificationHub()
-        self._writer = GroupCommitWriter(
-            [_PostgresWriterSession(dsn, conn) for conn in writer_conns],
-            None,  # notifications come back through LISTEN, from every process alike
-            max_batch=max_batch,
-            group_commit=group_commit,
-            name="gapline-pg-writer",
-        )
-        self._readers = ReaderPool(
-            lambda: _PostgresReaderSession(dsn), readers, "gapline-pg-reader"
+        super().__init__(
+            NotificationHub(),
+            GroupCommitWriter(
+                [_PostgresWriterSession(dsn, conn) for conn in writer_conns],
+                None,  # notifications come back through LISTEN, from every process alike
+                max_batch=max_batch,
+                group_commit=group_commit,
+                name="gapline-pg-writer",
+            ),
+            ReaderPool(lambda: _PostgresReaderSession(dsn), readers, "gapline-pg-reader"),
         )
         self._listener: _Listener | None = None
         self._listener_lock = threading.Lock()
-        self._closed = False
-        self._closing: asyncio.Future[None] | None = None
 
     @property
     def dialect(self) -> Dialect:
         return Dialect.POSTGRES
-
-    async def write(self, op: Callable[[Any], T]) -> T:
-        if self._closed:
-            raise BackendClosed("the backend is closed")
-        return await self._writer.write(op)
-
-    async def read(self, op: Callable[[Any], T]) -> T:
-        if self._closed:
-            raise BackendClosed("the backend is closed")
-        return await self._readers.read(op)
-
-    async def migrate(self, schema: str, migrations: Sequence[Migration]) -> None:
-        await self.write(lambda tx: apply_migrations(tx, schema, migrations))
 
     def subscribe(self, channel: str) -> AsyncIterator[str]:
         """Payloads NOTIFY'd on ``channel`` by any process after this call returns.
@@ -512,8 +497,7 @@ class PostgresBackend:
         ``LISTEN`` (one local round trip), so nothing committed after the call
         can be missed; this is why it briefly blocks.
         """
-        if self._closed:
-            raise BackendClosed("the backend is closed")
+        self._check_open()
         sub = self._hub.subscribe(channel)
         with self._listener_lock:
             if self._listener is None:
@@ -522,18 +506,9 @@ class PostgresBackend:
         listener.listen(channel)
         return sub
 
-    async def close(self) -> None:
-        self._closed = True
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._closing)  # a second caller waits for the same close
-
-    async def _close(self) -> None:
-        await self._writer.close()
-        await self._readers.close()
+    async def _close_more(self) -> None:
         if self._listener is not None:
             await asyncio.to_thread(self._listener.close)
-        self._hub.close()
 
 
 async def open_postgres(

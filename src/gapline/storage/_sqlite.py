@@ -18,17 +18,16 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gapline.storage._backend import Dialect, Migration
+from gapline.storage._backend import Dialect
 from gapline.storage._errors import (
-    BackendClosed,
     BackendUnavailable,
     CorruptStore,
     IntegrityError,
     OperationalError,
     StorageError,
 )
-from gapline.storage._migrations import apply_migrations
 from gapline.storage._notify import NotificationHub
+from gapline.storage._pooled import PooledBackend
 from gapline.storage._writer import GroupCommitWriter, ReaderPool
 
 __all__ = ["SQLiteBackend", "map_sqlite_error", "open_sqlite"]
@@ -207,7 +206,7 @@ class _SQLiteReaderSession:
         self._conn.close()
 
 
-class SQLiteBackend:
+class SQLiteBackend(PooledBackend):
     """A :class:`gapline.storage.Backend` on one SQLite file. Open with :func:`open_sqlite`."""
 
     def __init__(
@@ -221,54 +220,30 @@ class SQLiteBackend:
         busy_timeout_ms: int,
     ) -> None:
         self.path = path
-        self._hub = NotificationHub()
-        self._writer = GroupCommitWriter(
-            [_SQLiteWriterSession(writer_conn)],
-            self._hub,
-            max_batch=max_batch,
-            group_commit=group_commit,
-            name=f"gapline-sqlite-writer:{Path(path).name}",
+        hub = NotificationHub()
+        super().__init__(
+            hub,
+            GroupCommitWriter(
+                [_SQLiteWriterSession(writer_conn)],
+                hub,
+                max_batch=max_batch,
+                group_commit=group_commit,
+                name=f"gapline-sqlite-writer:{Path(path).name}",
+            ),
+            ReaderPool(
+                lambda: _SQLiteReaderSession(_connect(path, busy_timeout_ms, writer=False)),
+                readers,
+                name="gapline-sqlite-reader",
+            ),
         )
-        self._readers = ReaderPool(
-            lambda: _SQLiteReaderSession(_connect(path, busy_timeout_ms, writer=False)),
-            readers,
-            name="gapline-sqlite-reader",
-        )
-        self._closed = False
-        self._closing: asyncio.Future[None] | None = None
 
     @property
     def dialect(self) -> Dialect:
         return Dialect.SQLITE
 
-    async def write(self, op: Callable[[Any], T]) -> T:
-        if self._closed:
-            raise BackendClosed("the backend is closed")
-        return await self._writer.write(op)
-
-    async def read(self, op: Callable[[Any], T]) -> T:
-        if self._closed:
-            raise BackendClosed("the backend is closed")
-        return await self._readers.read(op)
-
-    async def migrate(self, schema: str, migrations: Sequence[Migration]) -> None:
-        await self.write(lambda tx: apply_migrations(tx, schema, migrations))
-
     def subscribe(self, channel: str) -> AsyncIterator[str]:
-        if self._closed:
-            raise BackendClosed("the backend is closed")
+        self._check_open()
         return self._hub.subscribe(channel)
-
-    async def close(self) -> None:
-        self._closed = True
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._closing)  # a second caller waits for the same close
-
-    async def _close(self) -> None:
-        await self._writer.close()
-        await self._readers.close()
-        self._hub.close()
 
 
 async def open_sqlite(

@@ -1,0 +1,64 @@
+"""What both backends share: a group-commit writer, a reader pool, a
+notification hub, and a close that happens once however many callers ask.
+
+A backend subclasses :class:`PooledBackend`, builds its writer sessions and
+reader factory, and adds only what is its own (``dialect``, ``subscribe``,
+extra resources closed in ``_close_more``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from gapline.storage._backend import Migration
+from gapline.storage._errors import BackendClosed
+from gapline.storage._migrations import apply_migrations
+from gapline.storage._notify import NotificationHub
+from gapline.storage._writer import GroupCommitWriter, ReaderPool
+
+__all__ = ["PooledBackend"]
+
+T = TypeVar("T")
+
+
+class PooledBackend:
+    def __init__(
+        self, hub: NotificationHub, writer: GroupCommitWriter, readers: ReaderPool
+    ) -> None:
+        self._hub = hub
+        self._writer = writer
+        self._readers = readers
+        self._closed = False
+        self._closing: asyncio.Future[None] | None = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendClosed("the backend is closed")
+
+    async def write(self, op: Callable[[Any], T]) -> T:
+        self._check_open()
+        return await self._writer.write(op)
+
+    async def read(self, op: Callable[[Any], T]) -> T:
+        self._check_open()
+        return await self._readers.read(op)
+
+    async def migrate(self, schema: str, migrations: Sequence[Migration]) -> None:
+        await self.write(lambda tx: apply_migrations(tx, schema, migrations))
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)  # a second caller waits for the same close
+
+    async def _close(self) -> None:
+        await self._writer.close()
+        await self._readers.close()
+        await self._close_more()
+        self._hub.close()
+
+    async def _close_more(self) -> None:
+        """Resources of the subclass, closed after the writer and readers, before the hub."""
