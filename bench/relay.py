@@ -212,8 +212,10 @@ async def run_relay_scenario(
             await relays[i % len(relays)].publish(s)
         tokens = [await relays[i % len(relays)].login(s) for i, s in enumerate(senders)]
         probe_token = await relays[-1].login(probe_from)
-        # Pre-seal enough messages for the run (sealing is the client's cost, not the relay's).
-        per_client = max(50, int(seconds * 3000 / clients) + 50)
+        # Pre-seal enough messages for the run (sealing is the client's cost, not the relay's):
+        # room for 5,000 sends/s. Should the senders still run out, the rate is taken over
+        # the time they were sending, and the result says so (``presealed_exhausted``).
+        per_client = max(50, int(seconds * 5000 / clients) + 50)
         log(f"  sealing {per_client * clients} messages ...")
         batches = [
             [
@@ -231,21 +233,23 @@ async def run_relay_scenario(
 
         done = 0
         stop_at = 0.0
+        last_send_at = 0.0  # when the last sender answered its last request
         notify_lat: list[float] = []
         synced_lat: list[float] = []
 
         async def sender(i: int) -> None:
-            nonlocal done
+            nonlocal done, last_send_at
             async with raw[i] as conn:
                 for request in requests[i]:
                     if time.perf_counter() >= stop_at:
                         return
                     await conn.send(request)
                     done += 1
+            last_send_at = max(last_send_at, time.perf_counter())  # ran out of requests
 
         async def ws_sender(i: int) -> None:
             # The same sends as JSON-RPC over one WebSocket per client, one at a time.
-            nonlocal done
+            nonlocal done, last_send_at
             relay = relays[i % len(relays)]
             async with http.ws_connect(procs[i % len(procs)].ws_url, max_msg_size=0) as ws:
                 hello = {"account": senders[i].account}
@@ -271,6 +275,7 @@ async def run_relay_scenario(
                             assert msg.get("result", {}).get("status") == "target_accepted", msg
                             break
                     done += 1
+            last_send_at = max(last_send_at, time.perf_counter())  # ran out of requests
 
         async def probe() -> None:
             url = procs[0].ws_url
@@ -319,6 +324,9 @@ async def run_relay_scenario(
                 tg.create_task(ws_sender(i) if transport == "ws" else sender(i))
             tg.create_task(probe())
         elapsed = time.perf_counter() - start
+        exhausted = 0.0 < last_send_at < stop_at
+        if exhausted:  # the probe ran on alone after the senders' last answer
+            elapsed = last_send_at - start
         relay_cpu = sum(_cpu_seconds(pid) for pid in pids) - relay_cpu0
         client_cpu = time.process_time() - client_cpu0
         return {
@@ -328,6 +336,7 @@ async def run_relay_scenario(
             "sends": done,
             "seconds": round(elapsed, 2),
             "sends_per_second": round(done / elapsed, 1),
+            "presealed_exhausted": exhausted,
             # CPU seconds used during the timed phase; per send in milliseconds.
             "cpu": {
                 "relay_seconds": round(relay_cpu, 2),

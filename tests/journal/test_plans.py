@@ -77,6 +77,13 @@ class _RecordingBackend:
     async def write(self, op: Callable[[Tx], T]) -> T:
         return await self.inner.write(lambda tx: op(_RecordingTx(tx, self.log)))
 
+    async def write_batched(
+        self, fn: Callable[[Tx, list[Any]], Sequence[T | BaseException]], item: Any
+    ) -> T:
+        return await self.inner.write_batched(
+            lambda tx, items: fn(_RecordingTx(tx, self.log), items), item
+        )
+
     async def read(self, op: Callable[[Tx], T]) -> T:
         return await self.inner.read(lambda tx: op(_RecordingTx(tx, self.log)))
 

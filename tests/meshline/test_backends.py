@@ -1,13 +1,15 @@
 """The libsodium (PyNaCl) paths give what the ``cryptography`` ones gave, byte for byte.
 
-Sealing signs and makes its one-time X25519 keys with libsodium; opening and every
-verification stay on ``cryptography``. These properties tie the two together beyond
+Sealing signs and makes its one-time X25519 keys with libsodium; opening stays on
+``cryptography``, and so does every verification *verdict* (libsodium is asked first and
+only ever accepts what OpenSSL accepts). These properties tie the two together beyond
 the published vectors (which pin fixed keys only).
 """
 
 from __future__ import annotations
 
 import pytest
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ed25519, x25519
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -133,3 +135,63 @@ def test_fresh_boxes_use_fresh_ephemeral_keys() -> None:
             encryption_key=device.keys.encryption_key,
             context=ALICE.context,
         ) == bytes(32)
+
+
+def _openssl_accepts(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    try:
+        ed25519.Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def _sodium_accepts(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    try:
+        sodium.crypto_sign_open(signature + message, public_key)
+    except Exception:  # noqa: BLE001 - any refusal is a refusal here
+        return False
+    return True
+
+
+@SETTINGS
+@given(seed=KEY, message=st.binary(max_size=1024), flip=st.integers(0, 64 * 8 - 1))
+def test_verification_verdict_is_openssls(seed: bytes, message: bytes, flip: int) -> None:
+    keys = DeviceKeys.from_private_bytes(seed, bytes(32))
+    public = keys.signing_public_key
+    good = keys.sign(message)
+    bad = bytearray(good)
+    bad[flip // 8] ^= 1 << (flip % 8)
+    for signature in (good, bytes(bad)):
+        assert device_verify(public, message, signature) is _openssl_accepts(
+            public, message, signature
+        )
+    assert device_verify(public, message, good)
+    assert not device_verify(public, message, bytes(bad))
+
+
+# Small-order Ed25519 points (encodings of y): the identity (y = 1), the order-2 point
+# (y = -1), and the identity with the sign bit set (a non-canonical encoding of x = 0).
+IDENTITY = bytes([1]) + bytes(31)
+ORDER_2 = bytes([0xEC]) + bytes([0xFF]) * 30 + bytes([0x7F])
+IDENTITY_SIGNED = bytes([1]) + bytes(30) + bytes([0x80])
+
+
+@pytest.mark.parametrize("public", [IDENTITY, ORDER_2, IDENTITY_SIGNED], ids=["id", "o2", "id-neg"])
+@pytest.mark.parametrize("r", [IDENTITY, ORDER_2], ids=["R=id", "R=o2"])
+@pytest.mark.parametrize("message", [b"", b"hello", bytes(range(200))], ids=["0", "5", "200"])
+def test_signatures_only_openssl_accepts_still_verify(
+    public: bytes, r: bytes, message: bytes
+) -> None:
+    # S = 0: [0]B = R + [h]A holds exactly when R = -[h]A, which small-order A allows.
+    signature = r + bytes(32)
+    assert device_verify(public, message, signature) is _openssl_accepts(public, message, signature)
+    assert not _sodium_accepts(public, message, signature)  # libsodium refuses them all
+
+
+def test_the_fallback_is_exercised() -> None:
+    # The identity key with R = identity and S = 0 satisfies the equation for any message:
+    # OpenSSL accepts it, libsodium refuses it, so the verdict must come from OpenSSL.
+    signature = IDENTITY + bytes(32)
+    assert _openssl_accepts(IDENTITY, b"any", signature)
+    assert not _sodium_accepts(IDENTITY, b"any", signature)
+    assert device_verify(IDENTITY, b"any", signature)

@@ -67,9 +67,16 @@ async def test_sigterm_finishes_in_flight_sends_and_restart_keeps_everything(
         async with httpx.AsyncClient(timeout=30) as http:
             r = RelayUnderTest(again.url, again.ws_url, again.relay_id, Clock(), http)
             token = await r.login(bob)
-            page = await r.ok("message.timeline.sync", {"limit": 1000}, token=token)
-            stored = [item["envelope"]["message_id"] for item in page["items"]]
+            items: list[dict] = []
+            after = -1
+            while True:  # every page: the relay caps a page at 200 records
+                page = await r.ok("message.timeline.sync", {"after": after}, token=token)
+                items += page["items"]
+                if not page["has_more"]:
+                    break
+                after = items[-1]["sequence"]
+            stored = [item["envelope"]["message_id"] for item in items]
             assert set(answered) <= set(stored)  # every answered send is durable
             assert set(stored) <= set(ids)
-            seqs = [item["sequence"] for item in page["items"]]
+            seqs = [item["sequence"] for item in items]
             assert seqs == sorted(set(seqs))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from gapline.relay import _timeline_store
 from gapline.relay._schema import MIGRATIONS
 
 
@@ -73,6 +74,9 @@ def test_head_devices_sends_and_cleanup_use_indexes(tmp_path: Path) -> None:
         ),
         "DELETE FROM timeline_records WHERE account = ? AND sequence = ?": ("a", 1),
         "SELECT from_account, message_id FROM sends WHERE expires_at <= ? LIMIT 10": (0,),
+        # The batched SQLite send path (_accept_sends_sqlite).
+        _timeline_store._stored_sends_sql(3): ("a", "m", "b", "n", "c", "o"),
+        _timeline_store._DEVICE_WINDOWS_SQL.format(marks="?, ?"): ("a", "b", 128),
     }
     for sql, params in checks.items():
         plan = _plan(conn, sql, params)

@@ -235,6 +235,114 @@ class BackendContract:
         assert await anext(sub) == "kept"
         assert await anext(sub) == "kept"
 
+    # -- batched writes ------------------------------------------------------
+
+    async def test_batched_items_queued_together_reach_one_call(self, db: Backend) -> None:
+        calls: list[list[str]] = []
+
+        def insert_many(tx: Tx, items: list[str]) -> list[int]:
+            calls.append(list(items))
+            values = ", ".join(["(?, 0)"] * len(items))
+            rows = tx.all(f"INSERT INTO items (k, v) VALUES {values} RETURNING id", items)
+            return [int(row[0]) for row in rows]
+
+        gate = Gate()
+        held = asyncio.ensure_future(db.write(gate.op))
+        await gate.wait_started()
+        futures = [asyncio.ensure_future(db.write_batched(insert_many, f"b{i}")) for i in range(8)]
+        await asyncio.sleep(0)
+        gate.release.set()
+        await held
+        ids = await asyncio.gather(*futures)
+        assert calls == [[f"b{i}" for i in range(8)]]  # one call, in queue order
+        assert ids == sorted(ids) and len(set(ids)) == 8  # each caller its own outcome
+        assert await db.read(keys) == [f"b{i}" for i in range(8)]
+        # Alone in the queue, an item is a batch of one.
+        await db.write_batched(insert_many, "alone")
+        assert calls[-1] == ["alone"]
+
+    async def test_an_exception_outcome_reaches_only_its_caller(self, db: Backend) -> None:
+        def insert_some(tx: Tx, items: list[str]) -> list[int | BaseException]:
+            out: list[int | BaseException] = []
+            for k in items:
+                if k.startswith("bad"):
+                    out.append(Boom(k))  # this item writes nothing
+                else:
+                    out.append(tx.execute("INSERT INTO items (k, v) VALUES (?, 0)", (k,)))
+            return out
+
+        gate = Gate()
+        held = asyncio.ensure_future(db.write(gate.op))
+        await gate.wait_started()
+        names = ["ok1", "bad1", "ok2", "bad2", "ok3"]
+        futures = [asyncio.ensure_future(db.write_batched(insert_some, k)) for k in names]
+        await asyncio.sleep(0)
+        gate.release.set()
+        await held
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        assert [type(r).__name__ for r in results] == ["int", "Boom", "int", "Boom", "int"]
+        assert str(results[1]) == "bad1" and str(results[3]) == "bad2"
+        assert await db.read(keys) == ["ok1", "ok2", "ok3"]
+
+    async def test_a_raising_batch_is_rolled_back_and_rerun_item_by_item(self, db: Backend) -> None:
+        calls: list[list[str]] = []
+        sub = db.subscribe("batch-events")
+
+        def insert_all(tx: Tx, items: list[str]) -> list[int]:
+            calls.append(list(items))
+            out = []
+            for k in items:
+                tx.notify("batch-events", k)
+                out.append(tx.execute("INSERT INTO items (k, v) VALUES (?, 0)", (k,)))
+                if k == "poison":
+                    raise Boom("the whole call fails")
+            return out
+
+        gate = Gate()
+        held = asyncio.ensure_future(db.write(gate.op))
+        await gate.wait_started()
+        names = ["a", "b", "poison", "c"]
+        futures = [asyncio.ensure_future(db.write_batched(insert_all, k)) for k in names]
+        await asyncio.sleep(0)
+        gate.release.set()
+        await held
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        assert results[:2] == [1, 1] and results[3] == 1
+        assert isinstance(results[2], Boom)
+        assert calls == [names, ["a"], ["b"], ["poison"], ["c"]]
+        assert await db.read(keys) == ["a", "b", "c"]
+        # The failed call's notifications were dropped with it: each kept item once.
+        assert [await anext(sub) for _ in range(3)] == ["a", "b", "c"]
+        await db.write(lambda tx: tx.notify("batch-events", "end"))
+        assert await anext(sub) == "end"
+
+    async def test_plain_writes_between_batched_items_keep_queue_order(self, db: Backend) -> None:
+        calls: list[list[str]] = []
+
+        def insert_many(tx: Tx, items: list[str]) -> list[int]:
+            calls.append(list(items))
+            return [tx.execute("INSERT INTO items (k, v) VALUES (?, 0)", (k,)) for k in items]
+
+        gate = Gate()
+        held = asyncio.ensure_future(db.write(gate.op))
+        await gate.wait_started()
+        futures = [
+            asyncio.ensure_future(db.write_batched(insert_many, "1")),
+            asyncio.ensure_future(db.write_batched(insert_many, "2")),
+            asyncio.ensure_future(db.write(insert("plain"))),
+            asyncio.ensure_future(db.write_batched(insert_many, "3")),
+        ]
+        await asyncio.sleep(0)
+        gate.release.set()
+        await held
+        await asyncio.gather(*futures)
+        assert calls == [["1", "2"], ["3"]]
+        assert await db.read(keys) == ["1", "2", "plain", "3"]
+
+    async def test_a_batch_function_must_answer_every_item(self, db: Backend) -> None:
+        with pytest.raises(TypeError, match="one outcome per item"):
+            await db.write_batched(lambda tx, items: [], "x")
+
     # -- ordering ------------------------------------------------------------
 
     async def test_writes_of_one_caller_commit_in_order(self, db: Backend) -> None:

@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 __all__ = ["Backend", "Dialect", "Migration", "Tx"]
 
 T = TypeVar("T")
+ItemT = TypeVar("ItemT")
 
 
 class Dialect(enum.Enum):
@@ -96,6 +97,15 @@ class Backend(Protocol):
     - Cancelling a caller never leaves a half-written transaction: an op runs
       entirely or not at all. Once started it finishes; the caller just stops
       waiting for the outcome.
+    - ``write_batched(fn, item)`` is ``write`` for many callers at once: queued
+      items of the same ``fn`` that are next to each other in the queue reach it
+      together as ``fn(tx, items)``, which returns one outcome per item in order
+      (a value, or an exception instance for an item that wrote nothing: that
+      caller gets it raised). If ``fn`` raises, its changes are rolled back and
+      each item is run again alone, so a failure reaches only its own caller.
+      Durability and ordering are those of ``write``. Use it where a write is
+      a few statements issued by many concurrent callers: one multi-row
+      statement per batch replaces one statement per caller.
     - ``read(op)`` runs ``op`` on a read connection that sees a consistent
       committed snapshot and never blocks writers. A read function must not write.
     - ``migrate(schema, migrations)`` applies, once each and in version order,
@@ -110,6 +120,10 @@ class Backend(Protocol):
     def dialect(self) -> Dialect: ...
 
     async def write(self, op: Callable[[Tx], T]) -> T: ...
+
+    async def write_batched(
+        self, fn: Callable[[Tx, list[ItemT]], Sequence[T | BaseException]], item: ItemT
+    ) -> T: ...
 
     async def read(self, op: Callable[[Tx], T]) -> T: ...
 

@@ -16,11 +16,12 @@ from gapline.storage._backend import Migration
 from gapline.storage._errors import BackendClosed
 from gapline.storage._migrations import apply_migrations
 from gapline.storage._notify import NotificationHub
-from gapline.storage._writer import GroupCommitWriter, ReaderPool
+from gapline.storage._writer import BatchFn, GroupCommitWriter, ReaderPool
 
 __all__ = ["PooledBackend"]
 
 T = TypeVar("T")
+ItemT = TypeVar("ItemT")
 
 
 class PooledBackend:
@@ -40,6 +41,10 @@ class PooledBackend:
     async def write(self, op: Callable[[Any], T]) -> T:
         self._check_open()
         return await self._writer.write(op)
+
+    async def write_batched(self, fn: BatchFn[ItemT, T], item: ItemT) -> T:
+        self._check_open()
+        return await self._writer.write_batched(fn, item)
 
     async def read(self, op: Callable[[Any], T]) -> T:
         self._check_open()

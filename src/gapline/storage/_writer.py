@@ -14,6 +14,16 @@ Every ``except BaseException`` in the loop is deliberate: whatever an
 operation or the driver raises is handed to the waiting caller, and the writer
 thread itself must survive it.
 
+A *batched* write (``write_batched(fn, item)``) goes further: consecutive queued
+items of the same batch function reach it as one list, ``fn(tx, items)``, inside
+one savepoint. The point is the number of driver calls: on SQLite every
+statement drops and re-takes the GIL, and under load each re-take waits for the
+event loop, so a write costs what its statement count costs. A batch function
+answers N items with a handful of multi-row statements. It returns one outcome
+per item (a value, or an exception for an item that wrote nothing); if it
+raises, its savepoint is rolled back and each item is run again alone, so one
+bad item costs its neighbours a retry, never their result.
+
 The driver-specific part is a :class:`WriterSession` (begin / savepoint /
 commit statements and the error mapper); the loop here knows no driver.
 SQLite has exactly one writer session; PostgreSQL may have several
@@ -28,18 +38,35 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from types import CoroutineType
 from typing import Any, Protocol, TypeVar
 
 from gapline.storage._errors import BackendClosed, OperationalError, StorageError
 from gapline.storage._notify import NotificationHub
 
-__all__ = ["GroupCommitWriter", "ReaderPool", "ReaderSession", "WriterSession"]
+__all__ = ["BatchFn", "GroupCommitWriter", "ReaderPool", "ReaderSession", "WriterSession"]
 
 T = TypeVar("T")
+ItemT = TypeVar("ItemT")
+
+# fn(tx, items) -> one outcome per item: a value, or an exception that item raises (the
+# function guarantees such an item wrote nothing).
+BatchFn = Callable[[Any, list[ItemT]], Sequence[T | BaseException]]
+
+
+class _Batched:
+    """A queued item of a batch function (what ``write_batched`` puts in the queue)."""
+
+    __slots__ = ("fn", "item")
+
+    def __init__(self, fn: BatchFn[Any, Any], item: Any) -> None:
+        self.fn = fn
+        self.item = item
+
 
 # (op, future, loop): a write waiting in the queue.
-_Item = tuple[Callable[[Any], Any], "asyncio.Future[Any]", asyncio.AbstractEventLoop]
+_Item = tuple["Callable[[Any], Any] | _Batched", "asyncio.Future[Any]", asyncio.AbstractEventLoop]
 # (future, ok, value-or-exception): the outcome of one write, resolved on its loop.
 _Outcome = tuple["asyncio.Future[Any]", bool, Any]
 
@@ -144,6 +171,14 @@ class GroupCommitWriter:
         self._queue.put((op, fut, loop))
         return await fut
 
+    async def write_batched(self, fn: BatchFn[ItemT, T], item: ItemT) -> T:
+        if self._closing:
+            raise BackendClosed("the backend is closed")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._queue.put((_Batched(fn, item), fut, loop))
+        return await fut
+
     async def close(self) -> None:
         """Stop accepting writes; wait until every queued write has committed."""
         if not self._closing:
@@ -206,18 +241,20 @@ class GroupCommitWriter:
         if not live:
             return
         outcomes: list[_Outcome] = []
+        first_op = live[0][0]
+        solo = first_op if len(live) == 1 and not isinstance(first_op, _Batched) else None
         try:
             session.ensure_open()
-            session.begin(len(live) > 1)
+            session.begin(solo is None)
         except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
             self._fail_all(live, session.map_error(exc))
             return
         tx = session.tx
-        if len(live) == 1:
+        if solo is not None:
             # Alone in its transaction: no savepoint needed, a failure rolls back everything.
-            op, fut, _loop = live[0]
+            fut = live[0][1]
             try:
-                result = op(tx)
+                result = solo(tx)
                 if type(result) is CoroutineType:
                     _refuse_coroutine(result)
             except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
@@ -228,39 +265,18 @@ class GroupCommitWriter:
                 return
             outcomes.append((fut, True, result))
         else:
-            savepoint, release, rollback_to = (
-                session.savepoint,
-                session.release,
-                session.rollback_to,
-            )
-            for op, fut, _loop in live:
-                mark = tx.notes_mark()
-                try:
-                    savepoint()
-                except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
-                    self._abort(live, session, exc)
-                    return
-                try:
-                    result = op(tx)
-                    if type(result) is CoroutineType:
-                        _refuse_coroutine(result)
-                except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
-                    try:
-                        rollback_to()
-                        release()
-                    except BaseException as broken:  # noqa: BLE001
-                        # The connection itself failed: the whole group is lost.
-                        self._abort(live, session, broken)
-                        return
-                    tx.notes_truncate(mark)
-                    outcomes.append((fut, False, exc))
-                    continue
-                try:
-                    release()
-                except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
-                    self._abort(live, session, exc)
-                    return
-                outcomes.append((fut, True, result))
+            try:
+                for fn, group in _groups(live):
+                    if fn is not None:
+                        self._run_batched(session, fn, group, outcomes)
+                    else:
+                        op, fut, _loop = group[0]
+                        assert not isinstance(op, _Batched)
+                        ok, value = self._run_isolated(session, op)
+                        outcomes.append((fut, ok, value))
+            except _ConnectionBroken as broken:
+                self._abort(live, session, broken.error)
+                return
         try:
             # Checked after the ops ran: under load the next batch is already waiting.
             session.commit(not self._queue.empty())
@@ -271,6 +287,64 @@ class GroupCommitWriter:
         if notes and self._hub is not None:
             self._hub.publish(notes)
         self._deliver(outcomes, live)
+
+    @staticmethod
+    def _run_isolated(session: WriterSession, call: Callable[[Any], Any]) -> tuple[bool, Any]:
+        """``call(tx)`` inside its own savepoint: (True, result) or (False, its exception),
+        with exactly its changes and notifications rolled back on failure. Raises
+        :class:`_ConnectionBroken` when the savepoint statements themselves fail."""
+        tx = session.tx
+        mark = tx.notes_mark()
+        try:
+            session.savepoint()
+        except BaseException as exc:
+            raise _ConnectionBroken(exc) from exc
+        try:
+            result = call(tx)
+            if type(result) is CoroutineType:
+                _refuse_coroutine(result)
+        except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
+            try:
+                session.rollback_to()
+                session.release()
+            except BaseException as broken:
+                raise _ConnectionBroken(broken) from broken
+            tx.notes_truncate(mark)
+            return False, exc
+        try:
+            session.release()
+        except BaseException as exc:
+            raise _ConnectionBroken(exc) from exc
+        return True, result
+
+    def _run_batched(
+        self,
+        session: WriterSession,
+        fn: BatchFn[Any, Any],
+        group: list[_Item],
+        outcomes: list[_Outcome],
+    ) -> None:
+        """One call of the batch function for the whole group; if it raises, each item
+        alone (so an item's exception reaches only its own caller)."""
+        items = [op.item for op, _fut, _loop in group if isinstance(op, _Batched)]
+        ok, value = self._run_isolated(session, partial(_call_batch, fn, items))
+        if ok:
+            for (_op, fut, _loop), outcome in zip(group, value, strict=True):
+                if isinstance(outcome, BaseException):
+                    outcomes.append((fut, False, outcome))
+                else:
+                    outcomes.append((fut, True, outcome))
+            return
+        if len(group) == 1:
+            outcomes.append((group[0][1], False, value))
+            return
+        for item, (_op, fut, _loop) in zip(items, group, strict=True):
+            ok, value = self._run_isolated(session, partial(_call_batch, fn, [item]))
+            if ok:
+                (outcome,) = value
+                ok = not isinstance(outcome, BaseException)
+                value = outcome
+            outcomes.append((fut, ok, value))
 
     def _abort(self, live: list[_Item], session: WriterSession, exc: BaseException) -> None:
         with contextlib.suppress(BaseException):
@@ -292,6 +366,42 @@ class GroupCommitWriter:
             per_loop.setdefault(outcome[0].get_loop(), []).append(outcome)
         for target, group in per_loop.items():
             _call_soon(target, group)
+
+
+class _ConnectionBroken(Exception):
+    """A savepoint statement failed: the connection, not an operation, is at fault."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _groups(live: list[_Item]) -> list[tuple[BatchFn[Any, Any] | None, list[_Item]]]:
+    """Consecutive items of one batch function together (with that function); every
+    plain op alone (with None).
+
+    Only neighbours are merged, so the transaction applies writes in queue order."""
+    groups: list[tuple[BatchFn[Any, Any] | None, list[_Item]]] = []
+    for item in live:
+        op = item[0]
+        fn = op.fn if isinstance(op, _Batched) else None
+        if fn is not None and groups and groups[-1][0] is fn:
+            groups[-1][1].append(item)
+        else:
+            groups.append((fn, [item]))
+    return groups
+
+
+def _call_batch(fn: BatchFn[Any, Any], items: list[Any], tx: Any) -> Sequence[Any]:
+    outcomes = fn(tx, items)
+    if type(outcomes) is CoroutineType:
+        _refuse_coroutine(outcomes)
+    if len(outcomes) != len(items):
+        raise TypeError(
+            f"a batch function must return one outcome per item: got {len(outcomes)} "
+            f"for {len(items)}"
+        )
+    return outcomes
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, outcomes: list[_Outcome]) -> None:
