@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gapline.relay._errors import RelayFailure
 from gapline.relay._schema import MIGRATIONS, SCHEMA
@@ -340,10 +340,12 @@ def _heads_many_sql(accounts: int) -> str:
     )
 
 
+_Row = TypeVar("_Row")
 _MAX_ROWS = 500  # rows per multi-row statement: far below SQLite's 32,766 parameters
 
 
-def _chunks(rows: list[tuple[Any, ...]]) -> list[list[tuple[Any, ...]]]:
+def _chunks(rows: list[_Row]) -> list[list[_Row]]:
+    """``rows`` in slices of at most ``_MAX_ROWS``, one multi-row statement each."""
     return [rows[i : i + _MAX_ROWS] for i in range(0, len(rows), _MAX_ROWS)]
 
 
@@ -370,14 +372,12 @@ def _accept_sends_sqlite(tx: Tx, sends: list[NewSend]) -> list[AcceptedSend | Re
 def _accept_run(tx: Tx, sends: list[NewSend]) -> list[AcceptedSend | RelayFailure]:
     """Sends with distinct (from, message_id): a few multi-row statements for all."""
     outcomes: list[AcceptedSend | RelayFailure | None] = [None] * len(sends)
-    first = range(len(sends))
 
     # Device windows of every account involved; validity is judged per send at its own
     # acceptance instant (send.now).
-    accounts = sorted({a for i in first for a in _accounts(sends[i])})
+    accounts = sorted({a for send in sends for a in _accounts(send)})
     windows: dict[str, list[tuple[str, int, int]]] = {a: [] for a in accounts}
-    for start in range(0, len(accounts), _MAX_ROWS):
-        part = accounts[start : start + _MAX_ROWS]
+    for part in _chunks(accounts):
         sql = _DEVICE_WINDOWS_SQL.format(marks=", ".join("?" * len(part)))
         for account, device_id, not_before, expires_at in tx.all(sql, (*part, 64 * len(part))):
             windows[str(account)].append((str(device_id), int(not_before), int(expires_at)))
@@ -385,8 +385,7 @@ def _accept_run(tx: Tx, sends: list[NewSend]) -> list[AcceptedSend | RelayFailur
     # Decide what each send would do if its key is new.
     plans: dict[int, dict[str, list[KeyBox]]] = {}
     failures: dict[int, RelayFailure] = {}
-    for i in first:
-        send = sends[i]
+    for i, send in enumerate(sends):
         if send.refusal is not None:
             failures[i] = _as_failure(send.refusal)
             continue
@@ -407,10 +406,9 @@ def _accept_run(tx: Tx, sends: list[NewSend]) -> list[AcceptedSend | RelayFailur
     for chunk in _chunks(claim_rows):
         rows = tx.all(_claim_many_sql(len(chunk)), [x for row in chunk for x in row])
         claimed.update((str(a), str(m)) for a, m in rows)
-    retries = [i for i in first if (sends[i].from_account, sends[i].message_id) not in claimed]
+    retries = [i for i, s in enumerate(sends) if (s.from_account, s.message_id) not in claimed]
     stored: dict[tuple[str, str], tuple[Any, ...]] = {}
-    for start in range(0, len(retries), _MAX_ROWS):
-        part = retries[start : start + _MAX_ROWS]
+    for part in _chunks(retries):
         params = [x for i in part for x in (sends[i].from_account, sends[i].message_id)]
         for row in tx.all(_stored_sends_sql(len(part)), params):
             stored[(str(row[0]), str(row[1]))] = row[2:]
@@ -422,15 +420,14 @@ def _accept_run(tx: Tx, sends: list[NewSend]) -> list[AcceptedSend | RelayFailur
             outcomes[i] = failures[i]
 
     # Sequences: per account, consecutive numbers in batch order after the current head.
-    appending = [i for i in first if i in plans and outcomes[i] is None]
+    appending = [i for i in plans if outcomes[i] is None]
     counts: dict[str, int] = {}
     for i in appending:
         for a in plans[i]:
             counts[a] = counts.get(a, 0) + 1
     order = sorted(counts)
     heads: dict[str, int] = {}
-    for start in range(0, len(order), _MAX_ROWS):
-        part = order[start : start + _MAX_ROWS]
+    for part in _chunks(order):
         rows = tx.all(_heads_many_sql(len(part)), [x for a in part for x in (a, counts[a] - 1)])
         heads.update((str(a), int(h)) for a, h in rows)
     next_seq = {a: heads[a] - counts[a] + 1 for a in order}
@@ -455,7 +452,10 @@ def _accept_run(tx: Tx, sends: list[NewSend]) -> list[AcceptedSend | RelayFailur
     for chunk in _chunks(visibility):
         tx.execute(_visibility_sql(len(chunk)), [x for row in chunk for x in row])
 
-    return [o for o in outcomes if o is not None]
+    # Every send is now decided: a retry or failure above, or appended here.
+    decided = [o for o in outcomes if o is not None]
+    assert len(decided) == len(sends), "a send in the batch was left without an outcome"
+    return decided
 
 
 def _as_failure(exc: Exception) -> RelayFailure:
