@@ -9,7 +9,11 @@ Figures per backend:
 - ``settle_sequential_per_s``: ``pending`` pages of 500, each event settled in turn;
 - ``settle_concurrent64_per_s``: the same with 64 concurrent settlers;
 - ``walk_seconds``: every page of 500 of an M-message conversation, newest to oldest;
-- ``deep_page_ms``: median of one 50-row page at the deepest cursor.
+- ``deep_page_ms``: median of one 50-row page at the deepest cursor;
+- ``floor_empty_write_us`` / ``floor_durable_one_row_us``: an empty write and one awaited
+  durable one-row insert on the same database (the hand-overs, then plus one fsync'd
+  commit); ``targets.*.admit_sequential_ceiling_x`` turns the second into the best
+  sequential ratio over the anchor that a durable, off-the-loop admission could reach here.
 
 The walked conversation is seeded directly with the rows admission would produce
 (seeding is not what is measured); admission and settle go through the public API.
@@ -262,11 +266,54 @@ async def bench_walk(bot: PrincipalJournal, messages: int, deep_repeats: int) ->
     }
 
 
+FLOOR_TABLE = "gapline_bench_floor"
+
+
+async def bench_floor(backend: Backend, n: int) -> dict[str, float]:
+    """What any durable write costs here before journal SQL: the floor under a sequential
+    admission on this machine and disk, measured on the same database.
+
+    ``empty_write_us`` is the hand-over to the writer thread and back (an empty
+    transaction writes nothing, so nothing is fsynced); ``durable_one_row_us`` is one
+    committed one-row insert, awaited: the hand-overs plus one fsync'd commit. Any design
+    that commits each admission durably and keeps the disk wait off the event loop pays at
+    least the second figure per sequential admission.
+    """
+    create = f"CREATE TABLE IF NOT EXISTS {FLOOR_TABLE} (id BIGINT PRIMARY KEY, v TEXT NOT NULL)"
+    await backend.write(lambda tx: tx.execute(create))
+
+    async def empty() -> None:
+        for _ in range(n):
+            await backend.write(lambda tx: None)
+
+    async def one_row() -> None:
+        for i in range(n):
+            await backend.write(
+                lambda tx, i=i: tx.execute(
+                    f"INSERT INTO {FLOOR_TABLE} (id, v) VALUES (?, ?)", (i, "floor")
+                )
+            )
+
+    t_empty = await _timed(empty)
+    t_row = await _timed(one_row)
+    await backend.write(lambda tx: tx.execute(f"DROP TABLE {FLOOR_TABLE}"))
+    log(
+        f"floor: empty write {t_empty / n * 1e6:.0f} us, durable one-row insert "
+        f"{t_row / n * 1e6:.0f} us"
+    )
+    return {
+        "floor_empty_write_us": round(t_empty / n * 1e6, 1),
+        "floor_durable_one_row_us": round(t_row / n * 1e6, 1),
+    }
+
+
 async def ours_admission(dsn: str, *, n_seq: int, n_conc: int, warmup: int) -> dict[str, Any]:
     backend = await open_backend(dsn)
     try:
         bot = (await JournalStore.open(backend)).principal(PRINCIPAL)
-        return await bench_admission(bot, n_seq, n_conc, warmup)
+        result = await bench_admission(bot, n_seq, n_conc, warmup)
+        result.update(await bench_floor(backend, n_seq))
+        return result
     finally:
         await backend.close()
 
@@ -332,12 +379,15 @@ _RATE_KEYS = (
     "settle_sequential_per_s",
     "settle_concurrent64_per_s",
 )
+_FLOOR_KEYS = ("floor_empty_write_us", "floor_durable_one_row_us")
 
 
 def _median_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key in _RATE_KEYS:
+    for key in _RATE_KEYS + _FLOOR_KEYS:
         values = [r[key] for r in rounds if r.get(key) is not None]
+        if key in _FLOOR_KEYS and not values:
+            continue  # the anchor's rounds carry no floor probe
         out[key] = round(statistics.median(values), 1) if values else None
         out[key + "_rounds"] = values
     return out
@@ -421,6 +471,16 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
             t[key.removesuffix("_per_s") + "_paired_x"] = (
                 round(statistics.median(paired), 2) if paired else None
             )
+        # The best sequential ratio any design could reach here that commits each
+        # admission durably and keeps the disk wait off the event loop: the anchor's
+        # admission time over one awaited durable one-row insert (see bench_floor).
+        floor_us, their_seq = (
+            ours.get("floor_durable_one_row_us"),
+            theirs.get("admit_sequential_per_s"),
+        )
+        t["admit_sequential_ceiling_x"] = (
+            round(1e6 / floor_us / their_seq, 2) if floor_us and their_seq else None
+        )
         t["admission_2x_met"] = (
             None
             if t["admit_sequential_x"] is None

@@ -20,6 +20,8 @@ FIGURES = (
     "walk_messages",
     "walk_seconds",
     "deep_page_ms",
+    "floor_empty_write_us",
+    "floor_durable_one_row_us",
 )
 
 
@@ -47,3 +49,6 @@ async def test_quick_bench_reports_every_figure(postgres_dsn: str) -> None:
     assert result["sqlite"]["walk_messages"] == 5000
     assert "source" in result["anchor"] and "sqlite" in result["anchor"]
     assert set(result["targets"]) == {"sqlite", "postgres"}
+    for backend in ("sqlite", "postgres"):
+        assert result[backend]["floor_durable_one_row_us"] > 0
+        assert result["targets"][backend]["admit_sequential_ceiling_x"] > 0

@@ -57,6 +57,13 @@ class _RecordingTx:
         self._log.append((sql, tuple(params)))
         return self._tx.one(sql, params)
 
+    def one_after(
+        self, prior: Sequence[tuple[str, Sequence[Any]]], sql: str, params: Sequence[Any] = ()
+    ) -> tuple[Any, ...] | None:
+        self._log.extend((s, tuple(a)) for s, a in prior)
+        self._log.append((sql, tuple(params)))
+        return self._tx.one_after(prior, sql, params)
+
     def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         self._log.append((sql, tuple(params)))
         return self._tx.all(sql, params)

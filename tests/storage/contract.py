@@ -184,6 +184,50 @@ class BackendContract:
             await db.write(insert("dup"))
         assert await db.read(keys) == ["dup"]
 
+    async def test_one_after_runs_the_prior_statements_in_order_first(self, db: Backend) -> None:
+        row = await db.write(
+            lambda tx: tx.one_after(
+                [
+                    ("INSERT INTO items (k, v) VALUES (?, ?)", ("p1", 1)),
+                    ("UPDATE items SET v = v + ? WHERE k = ?", (10, "p1")),
+                ],
+                "SELECT k, v FROM items WHERE k = ?",
+                ("p1",),
+            )
+        )
+        assert row == ("p1", 11)
+
+    async def test_a_failing_prior_statement_raises_and_its_op_rolls_back(
+        self, db: Backend
+    ) -> None:
+        await db.write(insert("taken"))
+
+        def op(tx: Tx) -> tuple[Any, ...] | None:
+            tx.execute("INSERT INTO items (k, v) VALUES (?, ?)", ("before", 0))
+            return tx.one_after(
+                [("INSERT INTO items (k, v) VALUES (?, ?)", ("taken", 2))],
+                "SELECT count(*) FROM items WHERE k <> ?",
+                ("",),
+            )
+
+        gate = Gate()
+        held = asyncio.ensure_future(db.write(gate.op))
+        await gate.wait_started()
+        # One group: the failure rolls back only its own op, and the next one commits.
+        failing = asyncio.ensure_future(db.write(op))
+        after = asyncio.ensure_future(db.write(insert("after")))
+        await asyncio.sleep(0)
+        gate.release.set()
+        await held
+        with pytest.raises(IntegrityError):
+            await failing
+        assert await after == 1
+        assert await db.read(keys) == ["taken", "after"]
+        # Alone in its transaction, the same.
+        with pytest.raises(IntegrityError):
+            await db.write(op)
+        assert await db.read(keys) == ["taken", "after"]
+
     # -- group commit --------------------------------------------------------
 
     async def test_a_failing_op_rolls_back_alone_within_its_group(self, db: Backend) -> None:

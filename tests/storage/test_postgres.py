@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from typing import Any
 
 import psycopg
 import psycopg.errors
@@ -169,6 +170,17 @@ async def test_lost_writer_and_reader_connections_are_replaced(postgres_dsn: str
         # Nothing of the next write had run when the loss was found: it succeeds.
         await backend.write(lambda tx: tx.execute("INSERT INTO r VALUES (1)"))
         assert await backend.read(lambda tx: tx.one("SELECT count(*) FROM r")) == (1,)
+        # The same through a pipeline (BEGIN travels with a parameterised statement),
+        # and through a pipeline of several statements.
+        assert await _terminate(postgres_dsn, "gapline-writer") == 1
+        await backend.write(lambda tx: tx.execute("INSERT INTO r VALUES (?)", (2,)))
+        assert await _terminate(postgres_dsn, "gapline-writer") == 1
+        row = await backend.write(
+            lambda tx: tx.one_after(
+                [("INSERT INTO r VALUES (?)", (3,))], "SELECT count(*) FROM r WHERE x > ?", (0,)
+            )
+        )
+        assert row == (3,)
     finally:
         await backend.close()
 
@@ -195,16 +207,23 @@ async def test_the_listener_reconnects_and_listens_again(postgres_dsn: str) -> N
         await backend.close()
 
 
+def _writer_session(
+    dsn: str,
+) -> tuple[psycopg.Connection[Any], _PostgresWriterSession, list[str]]:
+    """A writer session driven by hand, with the server notices it drew."""
+    conn = _connect(dsn, autocommit=True, name="gapline-writer")
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+    return conn, _PostgresWriterSession(dsn, conn), notices
+
+
 def test_a_chained_commit_opens_the_next_transaction_in_the_same_round_trip(
     postgres_dsn: str,
 ) -> None:
     """``commit(chain=True)`` sends ``COMMIT; BEGIN``: the first batch is committed and
     visible, and the next batch runs in the already open transaction (no second BEGIN,
     which PostgreSQL would answer with a "transaction in progress" warning)."""
-    conn = _connect(postgres_dsn, autocommit=True, name="gapline-writer")
-    notices: list[str] = []
-    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
-    session = _PostgresWriterSession(postgres_dsn, conn)
+    conn, session, notices = _writer_session(postgres_dsn)
     with psycopg.connect(postgres_dsn, autocommit=True) as observer:
         observer.execute("CREATE TABLE c (x INTEGER PRIMARY KEY)")
         session.begin(False)
@@ -225,12 +244,53 @@ def test_a_chained_commit_opens_the_next_transaction_in_the_same_round_trip(
         session.commit(False)
         assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
         assert observer.execute("SELECT x FROM c ORDER BY x").fetchall() == [(1,), (2,)]
-        # From idle, a grouped batch sends BEGIN with its first SAVEPOINT.
+        # From idle, a grouped batch sends BEGIN and SAVEPOINT with its first statement.
         session.begin(True)
         session.savepoint()
+        assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+        session.tx.execute("INSERT INTO c VALUES (?)", (3,))
         assert conn.info.transaction_status is psycopg.pq.TransactionStatus.INTRANS
         session.rollback()
         assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+        assert observer.execute("SELECT x FROM c ORDER BY x").fetchall() == [(1,), (2,)]
+    session.close()
+    assert notices == []
+
+
+def test_operations_that_send_nothing_open_nothing(postgres_dsn: str) -> None:
+    """Deferred BEGIN/SAVEPOINT/RELEASE: an operation that sends no statement costs no
+    round trip, and a transaction nobody wrote in is never opened, so its COMMIT is
+    not sent either (a stray COMMIT would draw a "no transaction" warning)."""
+    conn, session, notices = _writer_session(postgres_dsn)
+    with psycopg.connect(postgres_dsn, autocommit=True) as observer:
+        observer.execute("CREATE TABLE n (x INTEGER PRIMARY KEY)")
+        session.begin(True)
+        for _ in range(3):
+            session.savepoint()
+            session.release()
+        session.savepoint()
+        session.rollback_to()  # an op that raised before sending anything
+        session.release()
+        assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+        session.commit(False)
+        assert conn.info.transaction_status is psycopg.pq.TransactionStatus.IDLE
+        # Between sent operations, an empty one leaves the RELEASE order intact.
+        session.begin(True)
+        session.savepoint()
+        session.tx.execute("INSERT INTO n VALUES (?)", (1,))
+        session.release()
+        session.savepoint()
+        session.release()
+        session.savepoint()
+        with pytest.raises(IntegrityError):
+            session.tx.execute("INSERT INTO n VALUES (?)", (1,))
+        session.rollback_to()
+        session.release()
+        session.savepoint()
+        session.tx.execute("INSERT INTO n VALUES (?)", (2,))
+        session.release()
+        session.commit(False)
+        assert observer.execute("SELECT x FROM n ORDER BY x").fetchall() == [(1,), (2,)]
     session.close()
     assert notices == []
 
@@ -291,6 +351,37 @@ async def test_several_writers_commit_batches_independently(postgres_dsn: str) -
         assert await blocked == 1
         rows = await backend.read(lambda tx: tx.all("SELECT k, v FROM w ORDER BY k"))
         assert rows == [(1, 1), (2, 2)]
+    finally:
+        await backend.close()
+
+
+async def test_several_writers_send_the_deferred_statements_without_a_pipeline(
+    postgres_dsn: str,
+) -> None:
+    """With ``writers=N`` the deferred BEGIN/SAVEPOINT go ahead in a simple query (no
+    pipeline); statements, ``one_after`` and a failing op behave exactly the same."""
+    backend = await open_backend(postgres_dsn, writers=2)
+    try:
+        await backend.write(lambda tx: tx.execute("CREATE TABLE s (k INTEGER PRIMARY KEY)"))
+        row = await backend.write(
+            lambda tx: tx.one_after(
+                [("INSERT INTO s VALUES (?)", (1,)), ("INSERT INTO s VALUES (?)", (2,))],
+                "SELECT count(*) FROM s WHERE k > ?",
+                (0,),
+            )
+        )
+        assert row == (2,)
+        results = await asyncio.gather(
+            *(
+                backend.write(lambda tx, k=k: tx.execute("INSERT INTO s VALUES (?)", (k,)))
+                for k in [3, 4, 1, 5]
+            ),
+            return_exceptions=True,
+        )
+        assert results[:2] == [1, 1] and results[3] == 1
+        assert isinstance(results[2], IntegrityError)
+        rows = await backend.read(lambda tx: tx.all("SELECT k FROM s ORDER BY k"))
+        assert rows == [(1,), (2,), (3,), (4,), (5,)]
     finally:
         await backend.close()
 

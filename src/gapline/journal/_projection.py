@@ -154,10 +154,23 @@ def lock_messages(
     One round trip: with ``room_shared`` it first takes the room's shared membership
     lock (see ``_membership.lock_room``), then the message locks in sorted key order.
     It must be its own statement: a READ COMMITTED statement's snapshot predates any
-    lock it waits for, so the checks that rely on the lock come in later statements.
+    lock it waits for, so the checks that rely on the lock come in later statements
+    (``tx.one_after`` may still carry both in one round trip).
     """
     if tx.dialect is not Dialect.POSTGRES:
         return
+    for statement in lock_statements(principal_id, room_id, event_ids, room_shared=room_shared):
+        tx.one(*statement)
+
+
+def lock_statements(
+    principal_id: str,
+    room_id: str,
+    event_ids: tuple[str, ...],
+    *,
+    room_shared: bool = False,
+) -> list[tuple[str, tuple[str, ...]]]:
+    """The PostgreSQL statements :func:`lock_messages` runs, for ``tx.one_after``."""
     calls: list[str] = []
     keys: list[str] = []
     if room_shared:
@@ -166,8 +179,10 @@ def lock_messages(
     for key in sorted({f"e {principal_id} {room_id} {e}" for e in event_ids}):
         calls.append("pg_advisory_xact_lock(hashtextextended(?, 0))")
         keys.append(key)
-    for start in range(0, len(calls), 500):  # a hydration chunk may name thousands
-        tx.one("SELECT " + ", ".join(calls[start : start + 500]), keys[start : start + 500])
+    return [  # a hydration chunk may name thousands
+        ("SELECT " + ", ".join(calls[start : start + 500]), tuple(keys[start : start + 500]))
+        for start in range(0, len(calls), 500)
+    ]
 
 
 def _tombstoned(tx: Tx, p: str, room_id: str, *event_ids: str) -> bool:

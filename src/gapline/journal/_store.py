@@ -22,6 +22,7 @@ from gapline.journal._projection import (
     install_revision,
     lock_ids,
     lock_messages,
+    lock_statements,
     parse_content,
     parse_event,
     visible_body,
@@ -224,7 +225,6 @@ class PrincipalJournal:
         p = self._p
         room_id = event.room_id
         thread = encode_thread_id(event.thread_id)
-        lock_messages(tx, p, room_id, lock_ids(parsed, event.event_id), room_shared=True)
         context_only = event.kind is EventKind.CONTEXT_ONLY
         source = (
             event.content.encode("utf-8")
@@ -236,6 +236,7 @@ class PrincipalJournal:
             ParsedKind.OTHER,
         ):
             return self._admit_pg_fast(tx, event, epoch, parsed, thread, source, context_only)
+        lock_messages(tx, p, room_id, lock_ids(parsed, event.event_id), room_shared=True)
         # The epoch check rides in the insert (one statement on the hot path); only a
         # refused insert pays a second query to tell a stale epoch from a duplicate.
         # Context-only rows keep only their identity (contract 3): they are projected
@@ -276,7 +277,8 @@ class PrincipalJournal:
         context_only: bool,
     ) -> AdmitOutcome:
         """PostgreSQL's hot path: journal insert, projection insert, held-edit sweep and
-        the wake-up notification in ONE statement (data-modifying CTEs).
+        the wake-up notification in ONE statement (data-modifying CTEs), pipelined
+        behind the message locks and the deferred BEGIN/SAVEPOINT: one round trip.
 
         Round trips, not CPU, bound PostgreSQL admission; this is the same logic as the
         generic path (``_admit`` + ``_projection._apply_original``) and the contract tests
@@ -286,7 +288,10 @@ class PrincipalJournal:
         p = self._p
         room_id = event.room_id
         project = parsed.kind is ParsedKind.ORIGINAL
-        row = tx.one(
+        # The locks are their own statement (see lock_messages), sent in the same
+        # round trip: the CTE's snapshot is taken only after they were granted.
+        row = tx.one_after(
+            lock_statements(p, room_id, lock_ids(parsed, event.event_id), room_shared=True),
             f"WITH j AS ({_EPOCH_CHECKED_INSERT}),"
             " m AS ("
             " INSERT INTO journal_messages (principal_id, room_id, thread_id, created_ts,"

@@ -47,6 +47,18 @@ class Tx(Protocol):
         """The first row of a query, or None."""
         ...
 
+    def one_after(
+        self, prior: Sequence[tuple[str, Sequence[Any]]], sql: str, params: Sequence[Any] = ()
+    ) -> tuple[Any, ...] | None:
+        """Run each ``(sql, params)`` of ``prior`` (their results unread), then return the
+        first row of ``sql``.
+
+        The statements still run one after another, each seeing what the ones before it
+        did (on PostgreSQL each takes its own snapshot, after any lock an earlier one
+        waited for); PostgreSQL sends them all in one round trip. The first error raises.
+        """
+        ...
+
     def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Every row of a query. Callers bound it with LIMIT: no unbounded reads."""
         ...

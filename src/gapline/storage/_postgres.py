@@ -28,6 +28,7 @@ import os
 import select
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from functools import partial
 from typing import Any, LiteralString, TypeVar, cast
 
 import psycopg
@@ -124,38 +125,137 @@ def _q(query: str) -> LiteralString:
     return cast("LiteralString", query)
 
 
-class _PostgresTx:
-    __slots__ = ("_cur",)
+_SAVEPOINT = "SAVEPOINT gapline_op"
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+
+class _PostgresTx:
+    """What an operation sees on PostgreSQL.
+
+    ``lead`` holds parameterless transaction statements the writer session has
+    deferred (``BEGIN``, ``SAVEPOINT``, ``RELEASE``); they travel in one pipeline
+    with the operation's first statement, so opening a transaction or a savepoint
+    costs no round trip of its own. ``one_after`` pipelines statements the same way.
+    """
+
+    __slots__ = ("_aux", "_cur", "_reconnect", "conn", "lead", "pipelined")
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        reconnect: Callable[[], psycopg.Connection[Any]] | None = None,
+    ) -> None:
+        self._reconnect = reconnect
+        self.pipelined = True  # False: the lead goes ahead in its own simple query
+        self.lead: list[str] = []
+        self.bind(conn)
+
+    def bind(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
         self._cur = conn.cursor()
+        self._aux = conn.cursor()  # lead and prior statements, whose results nobody reads
 
     @property
     def dialect(self) -> Dialect:
         return Dialect.POSTGRES
 
-    def _run(self, query: str, params: Sequence[Any]) -> psycopg.Cursor[Any]:
-        cur = self._cur
+    def _run(
+        self,
+        query: str,
+        params: Sequence[Any],
+        prior: Sequence[tuple[str, Sequence[Any]]] = (),
+    ) -> psycopg.Cursor[Any]:
         try:
-            if params:
-                cur.execute(_q(rewrite_placeholders(query)), params)
+            if self.lead and not self.pipelined:
+                self.flush_lead()
+            if not self.lead and not prior:
+                cur = self._cur
+                if params:
+                    cur.execute(_q(rewrite_placeholders(query)), params)
+                else:
+                    cur.execute(_q(query))
             else:
-                cur.execute(_q(query))
+                lead, self.lead = self.lead, []
+                self._opening(lead, partial(self._send, lead, query, params, prior))
         except psycopg.Error as exc:
             raise map_postgres_error(exc) from exc
-        return cur
+        return self._cur  # a reconnect replaces the cursor
+
+    def _send(
+        self,
+        lead: list[str],
+        query: str,
+        params: Sequence[Any],
+        prior: Sequence[tuple[str, Sequence[Any]]],
+    ) -> None:
+        if not params or not self.pipelined:
+            # A parameterless text may hold several statements (a migration), which a
+            # pipeline cannot carry: the lead goes first, in its own round trip.
+            if lead:
+                self.conn.execute(_q("; ".join(lead)), prepare=False)
+            for sql, args in prior:
+                self._aux.execute(_q(rewrite_placeholders(sql)), args)
+            if params:
+                self._cur.execute(_q(rewrite_placeholders(query)), params)
+            else:
+                self._cur.execute(_q(query))
+            return
+        # Each statement still runs alone, in order, with its own snapshot; only the
+        # network round trips are shared. The first error is raised when the pipeline
+        # syncs at the end of the block, and PostgreSQL skips what follows it.
+        with self.conn.pipeline():
+            for statement in lead:
+                self._aux.execute(_q(statement), prepare=False)
+            for sql, args in prior:
+                self._aux.execute(_q(rewrite_placeholders(sql)), args)
+            self._cur.execute(_q(rewrite_placeholders(query)), params)
+
+    def _opening(self, lead: list[str], send: Callable[[], None]) -> None:
+        """``send()``; once more on a new connection if the old one turns out lost and
+        ``lead`` opens the transaction (then nothing of it can have committed)."""
+        try:
+            send()
+        except psycopg.OperationalError:
+            opens = bool(lead) and lead[0] == "BEGIN"
+            if not opens or self._reconnect is None or not (self.conn.closed or self.conn.broken):
+                raise
+            # Lost while idle (server restart, idle timeout).
+            self.bind(self._reconnect())
+            send()
+
+    def flush_lead(self) -> None:
+        """Send the deferred statements now, on their own."""
+        if self.lead:
+            lead, self.lead = self.lead, []
+            self._opening(lead, partial(self._send_lead, lead))
+
+    def send_commit(self, statement: LiteralString) -> None:
+        # On a cursor kept for the purpose: Connection.execute makes a new one each time.
+        self._aux.execute(statement, prepare=False)
+
+    def _send_lead(self, lead: list[str]) -> None:
+        self.conn.execute(_q("; ".join(lead)), prepare=False)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         return self._run(sql, params).rowcount
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         try:
+            self.flush_lead()
             self._cur.executemany(_q(rewrite_placeholders(sql)), list(rows))
         except psycopg.Error as exc:
             raise map_postgres_error(exc) from exc
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
         cur = self._run(sql, params)
+        try:
+            return cur.fetchone()
+        except psycopg.Error as exc:
+            raise map_postgres_error(exc) from exc
+
+    def one_after(
+        self, prior: Sequence[tuple[str, Sequence[Any]]], sql: str, params: Sequence[Any] = ()
+    ) -> tuple[Any, ...] | None:
+        cur = self._run(sql, params, prior)
         try:
             return cur.fetchone()
         except psycopg.Error as exc:
@@ -170,10 +270,7 @@ class _PostgresTx:
 
     def notify(self, channel: str, payload: str) -> None:
         # Delivered by the server at COMMIT; discarded if the savepoint rolls back.
-        try:
-            self._cur.execute("SELECT pg_notify(%s, %s)", (channel, payload))
-        except psycopg.Error as exc:
-            raise map_postgres_error(exc) from exc
+        self._run("SELECT pg_notify(?, ?)", (channel, payload))
 
     # The server drops notifications of rolled-back savepoints: nothing to track here.
     def notes_mark(self) -> int:
@@ -197,47 +294,40 @@ def _connect(dsn: str, *, autocommit: bool, name: str) -> psycopg.Connection[Any
 class _PostgresWriterSession:
     """The writer connection in autocommit mode: BEGIN/COMMIT are issued explicitly.
 
-    Round trips dominate a PostgreSQL group, so statements without parameters
-    ride together in one simple query wherever the protocol allows:
+    Round trips dominate PostgreSQL writes, so no transaction statement travels
+    alone if it can ride with another:
 
-    - a RELEASE is deferred and sent with the next SAVEPOINT (``RELEASE;
-      SAVEPOINT``), and COMMIT needs no RELEASE before it;
-    - a grouped batch sends its BEGIN with the first SAVEPOINT;
+    - BEGIN, SAVEPOINT and RELEASE are deferred into the tx's ``lead`` and sent
+      in one pipeline with the operation's first statement; an operation that
+      sends nothing costs nothing (and a transaction nobody wrote in is never
+      opened); COMMIT needs no RELEASE before it;
     - when the writer already has the next batch queued, COMMIT is sent as
       ``COMMIT; BEGIN`` and that batch starts inside the open transaction
       (PostgreSQL runs the BEGIN only once the COMMIT succeeded and was flushed;
       a bare BEGIN takes no snapshot and no lock, so it holds nothing back).
 
-    So a group of n operations costs n + 1 round trips beyond its own
-    statements under load (n + 2 from idle), a lone operation 1 (2 from idle).
+    So beyond its own statements' round trips, an operation costs none and a
+    transaction one (its COMMIT). A statement that needs the result of an
+    earlier one still waits for it; ``tx.one_after`` pipelines those that do not.
     """
 
-    def __init__(self, dsn: str, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, dsn: str, conn: psycopg.Connection[Any], *, pipelined: bool = True) -> None:
         self._dsn = dsn
-        self._conn = conn
-        self.tx = _PostgresTx(conn)
-        self._deferred = ""
+        self.tx = _PostgresTx(conn, self._reconnected)
+        self.tx.pipelined = pipelined
         self._chained = False  # a chained BEGIN opened the transaction already
 
-    def _exec(self, statement: str) -> None:
-        deferred, self._deferred = self._deferred, ""
-        if deferred:
-            statement = f"{deferred}; {statement}"
-        self._conn.execute(_q(statement), prepare=False)
+    @property
+    def _conn(self) -> psycopg.Connection[Any]:
+        return self.tx.conn
 
-    def _begin_with(self, statement: str) -> None:
-        try:
-            self._conn.execute(_q(statement), prepare=False)
-        except psycopg.OperationalError:
-            if not (self._conn.closed or self._conn.broken):
-                raise
-            # Lost while idle (server restart, idle timeout): nothing of the batch
-            # has run yet, so reconnecting and beginning again is safe.
-            self.ensure_open()
-            self._conn.execute(_q(statement), prepare=False)
+    def _reconnected(self) -> psycopg.Connection[Any]:
+        with contextlib.suppress(Exception):
+            self._conn.close()
+        self._chained = False
+        return _connect(self._dsn, autocommit=True, name="gapline-writer")
 
     def begin(self, grouped: bool) -> None:
-        self._deferred = ""
         chained, self._chained = self._chained, False
         conn = self._conn
         if (
@@ -245,33 +335,41 @@ class _PostgresWriterSession:
             and not (conn.closed or conn.broken)
             and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
         ):
+            self.tx.lead = []
             return
-        if grouped:
-            self._deferred = "BEGIN"  # sent with the first SAVEPOINT
-        else:
-            self._begin_with("BEGIN")
+        self.tx.lead = ["BEGIN"]
 
     def savepoint(self) -> None:
-        if self._deferred == "BEGIN":
-            self._deferred = ""
-            self._begin_with("BEGIN; SAVEPOINT gapline_op")
-        else:
-            self._exec("SAVEPOINT gapline_op")
+        self.tx.lead.append(_SAVEPOINT)
 
     def release(self) -> None:
-        self._deferred = "RELEASE SAVEPOINT gapline_op"
+        lead = self.tx.lead
+        if lead and lead[-1] == _SAVEPOINT:
+            lead.pop()  # the operation sent nothing: its savepoint was never opened
+        else:
+            lead.append("RELEASE SAVEPOINT gapline_op")
 
     def rollback_to(self) -> None:
-        self._exec("ROLLBACK TO SAVEPOINT gapline_op")
+        lead = self.tx.lead
+        if lead and lead[-1] == _SAVEPOINT:
+            lead.pop()  # never sent, so nothing to undo
+            return
+        self.tx.lead = []
+        self._conn.execute(
+            _q("; ".join([*lead, "ROLLBACK TO SAVEPOINT gapline_op"])), prepare=False
+        )
 
     def commit(self, chain: bool) -> None:
-        self._deferred = ""  # a pending RELEASE is implied by COMMIT
+        lead, self.tx.lead = self.tx.lead, []
         self._chained = False
-        self._conn.execute("COMMIT; BEGIN" if chain else "COMMIT", prepare=False)
+        if "BEGIN" in lead:
+            return  # no statement was sent: the transaction was never opened
+        # A deferred RELEASE is implied by COMMIT.
+        self.tx.send_commit("COMMIT; BEGIN" if chain else "COMMIT")
         self._chained = chain
 
     def rollback(self) -> None:
-        self._deferred = ""
+        self.tx.lead = []
         self._chained = False
         if not self._conn.closed and (
             self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
@@ -280,11 +378,7 @@ class _PostgresWriterSession:
 
     def ensure_open(self) -> None:
         if self._conn.closed or self._conn.broken:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn = _connect(self._dsn, autocommit=True, name="gapline-writer")
-            self.tx = _PostgresTx(self._conn)
-            self._chained = False
+            self.tx.bind(self._reconnected())
 
     def map_error(self, exc: BaseException) -> BaseException:
         return map_postgres_error(exc)
@@ -475,7 +569,13 @@ class PostgresBackend(PooledBackend):
         super().__init__(
             NotificationHub(),
             GroupCommitWriter(
-                [_PostgresWriterSession(dsn, conn) for conn in writer_conns],
+                # Several writer threads are bound by client CPU (the GIL), not by
+                # round trips, and a pipeline costs more CPU than the simple query it
+                # saves (bench/storage.py, docs/storage.md): only one writer pipelines.
+                [
+                    _PostgresWriterSession(dsn, conn, pipelined=len(writer_conns) == 1)
+                    for conn in writer_conns
+                ],
                 None,  # notifications come back through LISTEN, from every process alike
                 max_batch=max_batch,
                 group_commit=group_commit,

@@ -97,6 +97,13 @@ class _SQLiteTx:
         except sqlite3.Error as exc:
             raise map_sqlite_error(exc) from exc
 
+    def one_after(
+        self, prior: Sequence[tuple[str, Sequence[Any]]], sql: str, params: Sequence[Any] = ()
+    ) -> tuple[Any, ...] | None:
+        for statement, args in prior:
+            self.execute(statement, args)
+        return self.one(sql, params)
+
     def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         try:
             return self._conn.execute(sql, params).fetchall()
