@@ -170,8 +170,8 @@ async def test_lost_writer_and_reader_connections_are_replaced(postgres_dsn: str
         # Nothing of the next write had run when the loss was found: it succeeds.
         await backend.write(lambda tx: tx.execute("INSERT INTO r VALUES (1)"))
         assert await backend.read(lambda tx: tx.one("SELECT count(*) FROM r")) == (1,)
-        # The same through a pipeline (BEGIN travels with a parameterised statement),
-        # and through a pipeline of several statements.
+        # The same with a parameterised statement (the deferred BEGIN goes ahead of it),
+        # and through a pipeline (one_after: BEGIN travels with the statements).
         assert await _terminate(postgres_dsn, "gapline-writer") == 1
         await backend.write(lambda tx: tx.execute("INSERT INTO r VALUES (?)", (2,)))
         assert await _terminate(postgres_dsn, "gapline-writer") == 1

@@ -132,9 +132,10 @@ class _PostgresTx:
     """What an operation sees on PostgreSQL.
 
     ``lead`` holds parameterless transaction statements the writer session has
-    deferred (``BEGIN``, ``SAVEPOINT``, ``RELEASE``); they travel in one pipeline
-    with the operation's first statement, so opening a transaction or a savepoint
-    costs no round trip of its own. ``one_after`` pipelines statements the same way.
+    deferred (``BEGIN``, ``SAVEPOINT``, ``RELEASE``) until the operation sends its
+    first statement: ahead of it in one simple query, or, for ``one_after``, in one
+    pipeline with it and its prior statements, so that the whole op is one round
+    trip. An operation that sends nothing costs nothing.
     """
 
     __slots__ = ("_aux", "_cur", "_reconnect", "conn", "lead", "pipelined")
@@ -145,7 +146,7 @@ class _PostgresTx:
         reconnect: Callable[[], psycopg.Connection[Any]] | None = None,
     ) -> None:
         self._reconnect = reconnect
-        self.pipelined = True  # False: the lead goes ahead in its own simple query
+        self.pipelined = True  # False: one_after runs its statements one by one
         self.lead: list[str] = []
         self.bind(conn)
 
@@ -164,41 +165,34 @@ class _PostgresTx:
         params: Sequence[Any],
         prior: Sequence[tuple[str, Sequence[Any]]] = (),
     ) -> psycopg.Cursor[Any]:
+        # Only ``one_after`` pipelines: a pipeline saves a round trip but costs more
+        # client CPU than a simple query, which loses where CPU, not latency, bounds
+        # the writes (the relay's many small sends; see docs/storage.md).
+        pipeline = bool(prior) and bool(params) and self.pipelined
         try:
-            if self.lead and not self.pipelined:
+            if self.lead and not pipeline:
                 self.flush_lead()
-            if not self.lead and not prior:
-                cur = self._cur
-                if params:
-                    cur.execute(_q(rewrite_placeholders(query)), params)
-                else:
-                    cur.execute(_q(query))
-            else:
+            if pipeline:
                 lead, self.lead = self.lead, []
-                self._opening(lead, partial(self._send, lead, query, params, prior))
+                self._opening(lead, partial(self._pipeline, lead, query, params, prior))
+            else:
+                for sql, args in prior:
+                    self._aux.execute(_q(rewrite_placeholders(sql)), args)
+                if params:
+                    self._cur.execute(_q(rewrite_placeholders(query)), params)
+                else:
+                    self._cur.execute(_q(query))
         except psycopg.Error as exc:
             raise map_postgres_error(exc) from exc
         return self._cur  # a reconnect replaces the cursor
 
-    def _send(
+    def _pipeline(
         self,
         lead: list[str],
         query: str,
         params: Sequence[Any],
         prior: Sequence[tuple[str, Sequence[Any]]],
     ) -> None:
-        if not params or not self.pipelined:
-            # A parameterless text may hold several statements (a migration), which a
-            # pipeline cannot carry: the lead goes first, in its own round trip.
-            if lead:
-                self.conn.execute(_q("; ".join(lead)), prepare=False)
-            for sql, args in prior:
-                self._aux.execute(_q(rewrite_placeholders(sql)), args)
-            if params:
-                self._cur.execute(_q(rewrite_placeholders(query)), params)
-            else:
-                self._cur.execute(_q(query))
-            return
         # Each statement still runs alone, in order, with its own snapshot; only the
         # network round trips are shared. The first error is raised when the pipeline
         # syncs at the end of the block, and PostgreSQL skips what follows it.
@@ -294,21 +288,22 @@ def _connect(dsn: str, *, autocommit: bool, name: str) -> psycopg.Connection[Any
 class _PostgresWriterSession:
     """The writer connection in autocommit mode: BEGIN/COMMIT are issued explicitly.
 
-    Round trips dominate PostgreSQL writes, so no transaction statement travels
-    alone if it can ride with another:
+    Round trips dominate PostgreSQL writes, so transaction statements travel
+    together wherever the protocol allows:
 
-    - BEGIN, SAVEPOINT and RELEASE are deferred into the tx's ``lead`` and sent
-      in one pipeline with the operation's first statement; an operation that
-      sends nothing costs nothing (and a transaction nobody wrote in is never
-      opened); COMMIT needs no RELEASE before it;
+    - BEGIN, SAVEPOINT and RELEASE are deferred into the tx's ``lead`` until the
+      operation sends its first statement: ahead of it in one simple query
+      (``RELEASE ...; SAVEPOINT ...``), or, when it comes through
+      ``tx.one_after``, in one pipeline with it. An operation that sends nothing
+      costs nothing, a transaction nobody wrote in is never opened, and COMMIT
+      needs no RELEASE before it;
     - when the writer already has the next batch queued, COMMIT is sent as
       ``COMMIT; BEGIN`` and that batch starts inside the open transaction
       (PostgreSQL runs the BEGIN only once the COMMIT succeeded and was flushed;
       a bare BEGIN takes no snapshot and no lock, so it holds nothing back).
 
-    So beyond its own statements' round trips, an operation costs none and a
-    transaction one (its COMMIT). A statement that needs the result of an
-    earlier one still waits for it; ``tx.one_after`` pipelines those that do not.
+    So beyond its own statements, an operation costs one round trip (none
+    through ``one_after``) and a transaction one more (its COMMIT).
     """
 
     def __init__(self, dsn: str, conn: psycopg.Connection[Any], *, pipelined: bool = True) -> None:
@@ -570,8 +565,8 @@ class PostgresBackend(PooledBackend):
             NotificationHub(),
             GroupCommitWriter(
                 # Several writer threads are bound by client CPU (the GIL), not by
-                # round trips, and a pipeline costs more CPU than the simple query it
-                # saves (bench/storage.py, docs/storage.md): only one writer pipelines.
+                # round trips, and a pipeline costs more CPU than the simple queries it
+                # replaces (bench/storage.py, docs/storage.md): only one writer pipelines.
                 [
                     _PostgresWriterSession(dsn, conn, pipelined=len(writer_conns) == 1)
                     for conn in writer_conns
