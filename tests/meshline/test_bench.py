@@ -7,20 +7,26 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_bench_quick_prints_figures() -> None:
+def _quick(script: str) -> dict[str, Any]:
+    """The JSON a bench script prints in its --quick form."""
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "meshline_crypto.py"), "--quick"],
+        [sys.executable, str(ROOT / "bench" / script), "--quick"],
         capture_output=True,
         text=True,
         check=True,
         timeout=120,
         cwd=ROOT,
     )
-    figures = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def test_bench_quick_prints_figures() -> None:
+    figures = _quick("meshline_crypto.py")
     for key in (
         "seal_per_s",
         "open_per_s",
@@ -34,15 +40,7 @@ def test_bench_quick_prints_figures() -> None:
 
 
 def test_crypto_primitives_quick_prints_figures() -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "crypto_primitives.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    figures = json.loads(out.stdout)
+    figures = _quick("crypto_primitives.py")
     assert figures["quick"] is True
     assert set(figures["versions"]) == {"cryptography", "pynacl"}
     assert set(figures["primitives"]) == {

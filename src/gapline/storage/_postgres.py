@@ -223,11 +223,11 @@ class _PostgresTx:
             self._opening(lead, partial(self._send_lead, lead))
 
     def send_commit(self, statement: LiteralString) -> None:
-        # On a cursor kept for the purpose: Connection.execute makes a new one each time.
         self._aux.execute(statement, prepare=False)
 
     def _send_lead(self, lead: list[str]) -> None:
-        self.conn.execute(_q("; ".join(lead)), prepare=False)
+        # On the cursor kept for such statements: Connection.execute makes one each time.
+        self._aux.execute(_q("; ".join(lead)), prepare=False)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         return self._run(sql, params).rowcount
