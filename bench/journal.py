@@ -13,7 +13,10 @@ Figures per backend:
 - ``floor_empty_write_us`` / ``floor_durable_one_row_us``: an empty write and one awaited
   durable one-row insert on the same database (the hand-overs, then plus one fsync'd
   commit); ``targets.*.admit_sequential_ceiling_x`` turns the second into the best
-  sequential ratio over the anchor that a durable, off-the-loop admission could reach here.
+  sequential ratio over the anchor that a durable, off-the-loop admission could reach here;
+- ``floor_on_loop_one_row_us`` (SQLite only): the same insert on the event loop's own
+  thread, no hand-over at all (``admit_sequential_ceiling_on_loop_x``): what a design
+  that blocks the loop for every commit's fsync could reach at best.
 
 The walked conversation is seeded directly with the rows admission would produce
 (seeding is not what is measured); admission and settle go through the public API.
@@ -32,6 +35,7 @@ import itertools
 import json
 import os
 import platform
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -309,12 +313,40 @@ async def bench_floor(backend: Backend, n: int) -> dict[str, float]:
     }
 
 
+def bench_floor_on_loop(path: str, n: int) -> dict[str, float]:
+    """SQLite only: one durable one-row insert with no hand-over, on the calling thread.
+
+    Deliberately blocking (it runs on the event loop's thread, with gapline's writer idle):
+    this is the floor of a design that runs each commit, fsync included, on the loop, the
+    alternative gapline rejects because every coroutine would stall for the disk. Same
+    file and pragmas as the writer connection (WAL, ``synchronous=FULL``).
+    """
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(f"CREATE TABLE {FLOOR_TABLE} (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+        start = time.perf_counter()
+        for i in range(n):
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(f"INSERT INTO {FLOOR_TABLE} (id, v) VALUES (?, ?)", (i, "floor"))
+            conn.execute("COMMIT")
+        us = (time.perf_counter() - start) / n * 1e6
+        conn.execute(f"DROP TABLE {FLOOR_TABLE}")
+    finally:
+        conn.close()
+    log(f"floor: durable one-row insert on the loop's thread {us:.0f} us")
+    return {"floor_on_loop_one_row_us": round(us, 1)}
+
+
 async def ours_admission(dsn: str, *, n_seq: int, n_conc: int, warmup: int) -> dict[str, Any]:
     backend = await open_backend(dsn)
     try:
         bot = (await JournalStore.open(backend)).principal(PRINCIPAL)
         result = await bench_admission(bot, n_seq, n_conc, warmup)
         result.update(await bench_floor(backend, n_seq))
+        if backend.dialect is Dialect.SQLITE:
+            result.update(bench_floor_on_loop(dsn, n_seq))
         return result
     finally:
         await backend.close()
@@ -381,7 +413,7 @@ _RATE_KEYS = (
     "settle_sequential_per_s",
     "settle_concurrent64_per_s",
 )
-_FLOOR_KEYS = ("floor_empty_write_us", "floor_durable_one_row_us")
+_FLOOR_KEYS = ("floor_empty_write_us", "floor_durable_one_row_us", "floor_on_loop_one_row_us")
 
 
 def _median_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -483,6 +515,9 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
         t["admit_sequential_ceiling_x"] = (
             round(1e6 / floor_us / their_seq, 2) if floor_us and their_seq else None
         )
+        on_loop_us = ours.get("floor_on_loop_one_row_us")
+        if on_loop_us and their_seq:
+            t["admit_sequential_ceiling_on_loop_x"] = round(1e6 / on_loop_us / their_seq, 2)
         t["admission_2x_met"] = (
             None
             if t["admit_sequential_x"] is None
