@@ -52,6 +52,6 @@ async def test_quick_bench_reports_every_figure(postgres_dsn: str) -> None:
     for backend in ("sqlite", "postgres"):
         assert result[backend]["floor_durable_one_row_us"] > 0
         assert result["targets"][backend]["admit_sequential_ceiling_x"] > 0
-    # The on-loop floor is SQLite's alone (PostgreSQL has no hand-over-free path).
+    # The on-loop floor times a plain sqlite3 connection: SQLite only.
     assert result["sqlite"]["floor_on_loop_one_row_us"] > 0
     assert "floor_on_loop_one_row_us" not in result["postgres"]
