@@ -11,7 +11,7 @@ import pytest
 
 from gapline.matrix.devserver import SynapseServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.bench, pytest.mark.slow]
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bot.py"
 

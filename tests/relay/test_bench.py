@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# Bench smoke runs: in `make test`, deselect with `pytest -m 'not bench'`.
+pytestmark = pytest.mark.bench
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
