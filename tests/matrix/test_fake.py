@@ -106,7 +106,7 @@ async def test_sync_long_poll_wakes_on_new_event(fake: FakeHomeserver, world: Wo
     async with fake.client(bob) as client, fake.client(alice) as sender:
         first = await client.sync(timeline_limit=1)
         waiting = asyncio.create_task(client.sync(since=first.next_batch, timeout_ms=60_000))
-        await asyncio.sleep(0)
+        await fake.wait_requests("sync", 2)  # the long-poll has arrived and is waiting
         event_id = await sender.send_text(room, "wake up")
         answer = await asyncio.wait_for(waiting, 30)
     assert [e.event_id for e in answer.rooms.join[room].timeline.events] == [event_id]
@@ -349,11 +349,10 @@ async def test_malformed_and_truncated_sync(fake: FakeHomeserver, world: World) 
 
 async def test_stall_can_be_cancelled(fake: FakeHomeserver, world: World) -> None:
     alice, _, room, _ = world
-    fake.stall("messages", 3600)
+    stalled = fake.stall("messages", 3600)
     async with fake.client(alice) as client:
         task = asyncio.create_task(client.messages(room))
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await stalled.struck.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -361,6 +360,53 @@ async def test_stall_can_be_cancelled(fake: FakeHomeserver, world: World) -> Non
     async with fake.client(alice) as client:
         assert len((await client.messages(room, limit=2)).chunk) == 2
     assert short.fired == 1
+
+
+async def test_struck_is_set_when_the_fault_first_strikes(
+    fake: FakeHomeserver, world: World
+) -> None:
+    alice, _, room, _ = world
+    stalled = fake.stall("messages", 3600, on_call=2)
+    failed = fake.fail("sync")
+    assert not stalled.struck.is_set() and not failed.struck.is_set()
+    async with fake.client(alice, retry=NO_RETRY) as client:
+        await client.messages(room, limit=1)  # counted, not due
+        assert stalled.seen == 1 and not stalled.struck.is_set()
+        task = asyncio.create_task(client.messages(room, limit=1))
+        await asyncio.wait_for(stalled.struck.wait(), 30)
+        assert stalled.fired == 1 and not task.done()  # arrived, and still stalling
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        with pytest.raises(MatrixUnavailable):
+            await client.sync()
+    assert failed.struck.is_set() and failed.fired == 1
+
+
+async def test_wait_requests_counts_arrivals_per_endpoint_and_room(
+    fake: FakeHomeserver, world: World
+) -> None:
+    alice, _, room, _ = world
+    other = fake.create_room(alice.user_id)
+    fake.stall("messages", 3600, times=None)  # every /messages request hangs once it arrives
+    async with fake.client(alice) as client:
+        in_room = asyncio.create_task(fake.wait_requests("messages", 2, room_id=room))
+        pending = [
+            asyncio.create_task(client.messages(room)),
+            asyncio.create_task(client.messages(other)),
+        ]
+        await asyncio.wait_for(fake.wait_requests("messages", 2), 30)
+        assert not in_room.done()  # one of the two went to the other room
+        pending.append(asyncio.create_task(client.messages(room)))
+        await asyncio.wait_for(in_room, 30)
+        await fake.wait_requests("*", 3)  # already true: returns at once
+        assert [r.room_id for r in fake.requests].count(room) == 2
+        assert not any(task.done() for task in pending)  # all three are still stalled
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    with pytest.raises(ValueError, match="unknown endpoint"):
+        await fake.wait_requests("mesages")
 
 
 async def test_fault_scoping(fake: FakeHomeserver, world: World) -> None:
