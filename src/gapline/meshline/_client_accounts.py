@@ -220,7 +220,8 @@ class AccountCalls:
         now = self.now()
         known = self._routes.get(self.identity.account)
         if revision is None:
-            revision = max((-1 if known is None else known.revision) + 1, now * 1000)
+            now_ms = int(time.time() * 1000) + self._clock_offset * 1000
+            revision = max((-1 if known is None else known.revision) + 1, now_ms)
         draft = sign_route(
             account_key,
             context,
