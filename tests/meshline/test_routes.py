@@ -36,6 +36,7 @@ from gapline.meshline import (
     sign_relay_descriptor,
     sign_route,
     verify_relay_descriptor,
+    verify_resolved_route,
     verify_route,
     verify_route_draft,
 )
@@ -238,6 +239,42 @@ def test_verify_final_route() -> None:
     stolen = cosign_route(route.draft(), OTHER_RELAY, TEST_CONTEXT)
     assert code_of(verify, stolen) == "invalid_signature"
     assert code_of(verify, stolen, OTHER_RELAY.public_key) == "invalid_signature"
+
+
+def test_a_client_checks_a_resolved_route() -> None:
+    def check(
+        route: AccountRoute, known: AccountRoute | None, account: str = ALICE.account
+    ) -> None:
+        verify_resolved_route(
+            route,
+            account=account,
+            known=known,
+            relay_public_key=RELAY.public_key,
+            context=TEST_CONTEXT,
+            now=NOW,
+            max_skew=SKEW,
+        )
+
+    a, b = final(1000), final(1001)
+    check(b, a)
+    check(b, b)
+    assert code_of(check, a, b) == "stale_state"
+    assert code_of(check, final(1001, lifetime=60), b) == "invalid_state"
+    assert code_of(check, a, None, BOB.account) == "invalid_signature"  # asked for Bob
+    future = publish(draft(1002)).route
+    assert (
+        code_of(
+            verify_resolved_route,
+            future,
+            account=ALICE.account,
+            known=None,
+            relay_public_key=RELAY.public_key,
+            context=TEST_CONTEXT,
+            now=NOW - SKEW - 1,
+            max_skew=SKEW,
+        )
+        == "clock_skew"
+    )
 
 
 def test_check_cosigned_sees_any_change() -> None:

@@ -190,6 +190,7 @@ from gapline.meshline._routes import (
     route_usable_state,
     select_route,
     sign_route,
+    verify_resolved_route,
     verify_route,
     verify_route_draft,
 )
@@ -421,6 +422,7 @@ __all__ = [
     "verify_profile",
     "verify_relay_descriptor",
     "verify_resolved_profile",
+    "verify_resolved_route",
     "verify_route",
     "verify_route_draft",
     "verify_state_query",

@@ -33,7 +33,6 @@ from gapline.meshline._descriptor import RelayDescriptor, verify_relay_descripto
 from gapline.meshline._errors import (
     DeviceUnknown,
     InvalidSignature,
-    InvalidState,
     MeshlineError,
     RelayError,
     StaleState,
@@ -48,11 +47,9 @@ from gapline.meshline._profile import (
 )
 from gapline.meshline._routes import (
     AccountRoute,
-    RouteOrder,
     check_cosigned,
-    compare_routes,
     sign_route,
-    verify_route,
+    verify_resolved_route,
 )
 from gapline.meshline._session import (
     DeviceIdentity,
@@ -174,31 +171,24 @@ class AccountCalls:
 
     # --- routes --------------------------------------------------------------------------
 
-    def _remember_route(self, route: AccountRoute) -> None:
-        known = self._routes.get(route.account)
-        if known is not None:
-            order = compare_routes(route, known)
-            if order is RouteOrder.OLDER:
-                raise StaleState("the relay answered an older route than one already verified")
-            if order is RouteOrder.CONFLICT:
-                raise InvalidState("two routes of one revision with different content")
-        self._routes[route.account] = route
-
     async def resolve_route(self, account: str) -> AccountRoute:
         """``account.route.resolve`` on our home relay (no session), fully verified."""
         wire = await self._http_to(self.relay).call("account.route.resolve", {"account": account})
         route = AccountRoute.from_wire(wire)
-        if route.account != account:
-            raise InvalidSignature("the relay answered another account's route")
-        verify_route(
+        self._verified_route(route, account, await self.relay_key(route.relay_id))
+        return route
+
+    def _verified_route(self, route: AccountRoute, account: str, relay_key: bytes) -> None:
+        verify_resolved_route(
             route,
-            self.identity.context,
-            relay_public_key=await self.relay_key(route.relay_id),
+            account=account,
+            known=self._routes.get(account),
+            relay_public_key=relay_key,
+            context=self.identity.context,
             now=self.now(),
             max_skew=self.max_skew,
         )
-        self._remember_route(route)
-        return route
+        self._routes[account] = route
 
     async def publish_route(
         self,
@@ -234,14 +224,9 @@ class AccountCalls:
         wire = await self.account_call(account_key, "account.route.publish", draft.to_wire())
         final = AccountRoute.from_wire(wire)
         check_cosigned(draft, final)
-        verify_route(
-            final,
-            context,
-            relay_public_key=await self.relay_key(self.relay.relay_id),
-            now=self.now(),
-            max_skew=self.max_skew,
+        self._verified_route(
+            final, self.identity.account, await self.relay_key(self.relay.relay_id)
         )
-        self._remember_route(final)
         return final
 
     async def home_relay(self, account: str) -> RelayEndpoint:

@@ -67,6 +67,7 @@ __all__ = [
     "route_usable_state",
     "select_route",
     "sign_route",
+    "verify_resolved_route",
     "verify_route",
     "verify_route_draft",
 ]
@@ -302,6 +303,32 @@ def compare_routes(route: AccountRoute, other: AccountRoute) -> RouteOrder:
         return RouteOrder.OLDER if route.revision < other.revision else RouteOrder.NEWER
     same = canonical_json(route.content()) == canonical_json(other.content())
     return RouteOrder.SAME if same else RouteOrder.CONFLICT
+
+
+def verify_resolved_route(
+    route: AccountRoute,
+    *,
+    account: str,
+    known: AccountRoute | None,
+    relay_public_key: bytes,
+    context: NetworkContext,
+    now: int,
+    max_skew: int,
+) -> None:
+    """A client's checks on a route a relay answered for ``account``.
+
+    ``known`` is the highest route this client verified for it: an older answer is
+    ``stale_state`` and another content at the same revision ``invalid_state``.
+    """
+    if route.account != account:
+        raise InvalidSignature("the relay answered another account's route")
+    verify_route(route, context, relay_public_key=relay_public_key, now=now, max_skew=max_skew)
+    if known is not None:
+        order = compare_routes(route, known)
+        if order is RouteOrder.OLDER:
+            raise StaleState("an older route than one already verified")
+        if order is RouteOrder.CONFLICT:
+            raise InvalidState("two routes of one revision with different content")
 
 
 @dataclass(frozen=True, slots=True)
