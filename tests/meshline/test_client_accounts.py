@@ -259,11 +259,12 @@ async def test_invalid_grants_are_refused(world: World) -> None:
     assert code == "forbidden"  # the signed device-state query is refused the same way
 
 
-async def test_an_invitation_bootstraps_contact(world: World) -> None:
+@pytest.mark.parametrize("ws", [False, True], ids=["http", "websocket"])
+async def test_an_invitation_bootstraps_contact(world: World, ws: bool) -> None:
     alice, bob, carol = make_account(), make_account(), make_account()
-    a = await world.make(alice)
-    b = await world.make(bob)
-    c = await world.make(carol)
+    a = await world.make(alice, ws=ws)
+    b = await world.make(bob, ws=ws)
+    c = await world.make(carol, ws=ws)
     invite = a.make_invite(expires_at=a.now() + 600)
     assert b.check_invite(invite, alice.state).allowed
     state = await b.resolve_device_state(alice.account, authorization=invite)

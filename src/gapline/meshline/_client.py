@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gapline.meshline._certificates import AccountDeviceState, DeviceCertificate
 from gapline.meshline._client_accounts import AccountCalls
-from gapline.meshline._contacts import ContactGrant, ContactInvite
 from gapline.meshline._errors import (
     InvalidPage,
     MeshlineError,
@@ -39,8 +37,7 @@ from gapline.meshline._errors import (
     RelayError,
     TransportError,
 )
-from gapline.meshline._identity import AccountKey, relay_origin
-from gapline.meshline._sealing import BoxTarget, SendParams, seal_message
+from gapline.meshline._identity import relay_origin
 from gapline.meshline._session import (
     DeviceIdentity,
     RelayDirectory,
@@ -48,7 +45,6 @@ from gapline.meshline._session import (
     SessionCredentials,
     StaticDirectory,
     Transport,
-    account_session,
     device_session,
 )
 from gapline.meshline._store import MeshlineStore
@@ -99,7 +95,7 @@ class Backoff:
 
 class MeshlineClient(AccountCalls):
     """Synchronises one device's account timeline from its home relay into a ``MeshlineStore``;
-    the account, profile, route and contact calls come from ``AccountCalls``."""
+    sending and the account, profile, route and contact calls come from ``AccountCalls``."""
 
     def __init__(
         self,
@@ -266,68 +262,3 @@ class MeshlineClient(AccountCalls):
                         return
         except TimeoutError:
             return
-
-    # --- account session ----------------------------------------------------------------------
-
-    async def account_call(
-        self, account_key: AccountKey, method: str, params: Mapping[str, Any]
-    ) -> Any:
-        """One call under a fresh account session on the home relay (over HTTPS)."""
-        endpoint = self.relay.https
-        transport = HttpTransport(endpoint)
-        try:
-            session = await account_session(
-                transport,
-                account_key,
-                self.identity.context,
-                account=self.identity.account,
-                relay_id=self.relay.relay_id,
-                origin=relay_origin(endpoint),
-            )
-            return await transport.call(method, params, session=session.token)
-        finally:
-            await transport.aclose()
-
-    async def publish_device_state(self, account_key: AccountKey, state: AccountDeviceState) -> Any:
-        """``device.state.publish`` under an account session (the bootstrap path: a relay
-        cannot authenticate a device before it holds the account's device state)."""
-        return await self.account_call(account_key, "device.state.publish", state.to_wire())
-
-    # --- sending ----------------------------------------------------------------------------
-
-    async def send(
-        self,
-        to: str,
-        content: Mapping[str, Any],
-        *,
-        recipients: Sequence[DeviceCertificate],
-        own_devices: Sequence[DeviceCertificate] | None = None,
-        authorization: ContactGrant | ContactInvite | None = None,
-    ) -> dict[str, Any]:
-        """Seal and ``message.send``; returns the ``DeliveryStatus`` object.
-
-        ``own_devices`` (certificates of this account's devices) adds sender
-        boxes so they see the sent record; never used for self-delivery.
-        ``authorization`` is the recipient's grant to us or its invitation (omit it
-        for self-delivery and for a recipient with public discovery).
-        """
-        ctx = self.identity.context
-        params: SendParams = seal_message(
-            content,
-            device_keys=self.identity.keys,
-            from_=self.identity.account,
-            from_device_id=self.identity.device_id,
-            to=to,
-            recipients=[BoxTarget.of(c, ctx) for c in recipients],
-            senders=None
-            if own_devices is None or to == self.identity.account
-            else [BoxTarget.of(c, ctx) for c in own_devices],
-            context=ctx,
-        )
-        wire = params.to_wire()
-        if authorization is not None:
-            wire["authorization"] = authorization.to_wire()
-        status = await self.call("message.send", wire)
-        if not isinstance(status, dict):
-            raise TransportError("message.send answered without a DeliveryStatus")
-        return status

@@ -1,4 +1,5 @@
-"""The client's account calls: profiles, routes, device states, grants and invitations.
+"""The client's calls beside the timeline: account sessions, sending, profiles, routes,
+device states, grants and invitations.
 
 ``MeshlineClient`` inherits these. Everything a relay answers is verified before it
 is returned or remembered: a route's account and relay signatures (the relay's key
@@ -37,6 +38,7 @@ from gapline.meshline._errors import (
     RelayError,
     StaleState,
     StateConflict,
+    TransportError,
 )
 from gapline.meshline._identity import AccountKey, relay_origin
 from gapline.meshline._profile import (
@@ -51,11 +53,13 @@ from gapline.meshline._routes import (
     sign_route,
     verify_resolved_route,
 )
+from gapline.meshline._sealing import BoxTarget, SendParams, seal_message
 from gapline.meshline._session import (
     DeviceIdentity,
     RelayDirectory,
     RelayEndpoint,
     SessionCredentials,
+    account_session,
     device_session,
 )
 from gapline.meshline._transport_http import HttpTransport
@@ -67,7 +71,7 @@ DEFAULT_ROUTE_LIFETIME = 90 * 86400
 
 
 class AccountCalls:
-    """Profile, route, device-state and contact calls (mixed into ``MeshlineClient``)."""
+    """Sending, profile, route, device-state and contact calls (mixed into ``MeshlineClient``)."""
 
     identity: DeviceIdentity
     relay: RelayEndpoint
@@ -86,10 +90,35 @@ class AccountCalls:
     async def call(self, method: str, params: Mapping[str, Any] | None = None) -> Any:
         raise NotImplementedError
 
+    def now(self) -> int:
+        """Unix seconds on the home relay's clock, as far as this client has learnt it."""
+        return int(time.time()) + self._clock_offset
+
+    # --- account session and sending ----------------------------------------------------
+
     async def account_call(
         self, account_key: AccountKey, method: str, params: Mapping[str, Any]
     ) -> Any:
-        raise NotImplementedError
+        """One call under a fresh account session on the home relay (over HTTPS)."""
+        endpoint = self.relay.https
+        transport = HttpTransport(endpoint)
+        try:
+            session = await account_session(
+                transport,
+                account_key,
+                self.identity.context,
+                account=self.identity.account,
+                relay_id=self.relay.relay_id,
+                origin=relay_origin(endpoint),
+            )
+            return await transport.call(method, params, session=session.token)
+        finally:
+            await transport.aclose()
+
+    async def publish_device_state(self, account_key: AccountKey, state: AccountDeviceState) -> Any:
+        """``device.state.publish`` under an account session (the bootstrap path: a relay
+        cannot authenticate a device before it holds the account's device state)."""
+        return await self.account_call(account_key, "device.state.publish", state.to_wire())
 
     async def send(
         self,
@@ -100,11 +129,33 @@ class AccountCalls:
         own_devices: Sequence[DeviceCertificate] | None = None,
         authorization: ContactGrant | ContactInvite | None = None,
     ) -> dict[str, Any]:
-        raise NotImplementedError
+        """Seal and ``message.send``; returns the ``DeliveryStatus`` object.
 
-    def now(self) -> int:
-        """Unix seconds on the home relay's clock, as far as this client has learnt it."""
-        return int(time.time()) + self._clock_offset
+        ``own_devices`` (certificates of this account's devices) adds sender
+        boxes so they see the sent record; never used for self-delivery.
+        ``authorization`` is the recipient's grant to us or its invitation (omit it
+        for self-delivery and for a recipient with public discovery).
+        """
+        ctx = self.identity.context
+        params: SendParams = seal_message(
+            content,
+            device_keys=self.identity.keys,
+            from_=self.identity.account,
+            from_device_id=self.identity.device_id,
+            to=to,
+            recipients=[BoxTarget.of(c, ctx) for c in recipients],
+            senders=None
+            if own_devices is None or to == self.identity.account
+            else [BoxTarget.of(c, ctx) for c in own_devices],
+            context=ctx,
+        )
+        wire = params.to_wire()
+        if authorization is not None:
+            wire["authorization"] = authorization.to_wire()
+        status = await self.call("message.send", wire)
+        if not isinstance(status, dict):
+            raise TransportError("message.send answered without a DeliveryStatus")
+        return status
 
     # --- relays --------------------------------------------------------------------------
 
