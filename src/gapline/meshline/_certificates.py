@@ -38,6 +38,7 @@ __all__ = [
     "DEVICE_STATE_MAX_BYTES",
     "DEVICE_STATE_MAX_CERTIFICATES",
     "AccountDeviceState",
+    "CurrentDevices",
     "DeviceCertificate",
     "issue_certificate",
     "sign_device_state",
@@ -297,3 +298,33 @@ def verify_device_state(
             raise BadRequest("device state lists one device twice")
         by_id[device_id] = cert
     return by_id
+
+
+@dataclass(frozen=True, slots=True)
+class CurrentDevices:
+    """An account's device certificates by device ID, from a device state already verified.
+
+    What grants, invitations and profiles are checked against: a signature counts
+    only from a device listed here whose window holds ``now``. ``verified`` checks
+    the state first; ``trusted`` is for a state verified when it was accepted (a
+    relay's stored authoritative state) and only derives the IDs.
+    """
+
+    account: str
+    by_id: Mapping[str, DeviceCertificate]
+
+    @classmethod
+    def verified(cls, state: AccountDeviceState, context: NetworkContext) -> CurrentDevices:
+        return cls(state.account, verify_device_state(state, context))
+
+    @classmethod
+    def trusted(cls, state: AccountDeviceState, context: NetworkContext) -> CurrentDevices:
+        return cls(state.account, {c.device_id(context): c for c in state.certificates})
+
+    def valid(self, device_id: str, now: int) -> DeviceCertificate | None:
+        """The certificate of ``device_id`` if it is currently valid, else None."""
+        cert = self.by_id.get(device_id)
+        return cert if cert is not None and cert.is_valid_at(now) else None
+
+    def valid_at(self, now: int) -> list[DeviceCertificate]:
+        return [c for c in self.by_id.values() if c.is_valid_at(now)]

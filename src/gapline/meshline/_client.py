@@ -16,23 +16,20 @@ commit added. Over WebSocket the client waits for ``message.timeline.changed``
 (a hint only) or the poll interval; over HTTP it polls. Transport failures and
 temporary relay errors back off exponentially (with jitter) and reconnect.
 
-Deviation (READING.md §7.1): there is no Registry lookup; the relay's
-``relay_id`` and endpoints are pinned in ``RelayEndpoint`` by configuration,
-and ``relay.info`` must report the same ``relay_id``.
+Deviation: there is no Registry lookup; the relay's ``relay_id`` and endpoints
+are pinned in ``RelayEndpoint`` by configuration (other relays a route may name,
+in a ``RelayDirectory``), and ``relay.info`` must report the same ``relay_id``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from gapline.meshline._base64 import b64u_encode
-from gapline.meshline._canonical import NetworkContext, network_bound_bytes
-from gapline.meshline._certificates import AccountDeviceState, DeviceCertificate
+from gapline.meshline._client_accounts import AccountCalls
 from gapline.meshline._errors import (
     InvalidPage,
     MeshlineError,
@@ -40,19 +37,20 @@ from gapline.meshline._errors import (
     RelayError,
     TransportError,
 )
-from gapline.meshline._identity import (
-    AccountKey,
-    DeviceKeys,
-    account_auth_input,
-    device_auth_input,
-    relay_origin,
+from gapline.meshline._identity import relay_origin
+from gapline.meshline._session import (
+    DeviceIdentity,
+    RelayDirectory,
+    RelayEndpoint,
+    SessionCredentials,
+    StaticDirectory,
+    Transport,
+    device_session,
 )
-from gapline.meshline._sealing import BoxTarget, SendParams, seal_message
 from gapline.meshline._store import MeshlineStore
 from gapline.meshline._timeline import (
     AcceptedMessage,
     InboundPolicy,
-    LocalDevice,
     RetentionGap,
     SyncPage,
     process_page,
@@ -64,8 +62,10 @@ __all__ = [
     "Backoff",
     "DeviceIdentity",
     "MeshlineClient",
+    "RelayDirectory",
     "RelayEndpoint",
     "SessionCredentials",
+    "StaticDirectory",
     "TimelineItem",
     "Transport",
 ]
@@ -74,68 +74,6 @@ TimelineItem = AcceptedMessage | RetentionGap
 
 # Codes after which retrying the same call later can succeed.
 _TEMPORARY = frozenset({"internal_error", "bad_gateway", "temporarily_unavailable", "rate_limited"})
-
-
-class Transport(Protocol):
-    async def call(
-        self, method: str, params: Mapping[str, Any] | None = None, *, session: str | None = None
-    ) -> Any: ...
-
-    async def aclose(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RelayEndpoint:
-    """A relay pinned by configuration: its ID, HTTPS base URL and optional WebSocket URL."""
-
-    relay_id: str
-    https: str
-    wss: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceIdentity:
-    """This device: its keys and account-signed certificate."""
-
-    context: NetworkContext
-    keys: DeviceKeys
-    certificate: DeviceCertificate
-
-    @property
-    def account(self) -> str:
-        return self.certificate.account
-
-    @property
-    def device_id(self) -> str:
-        return self.certificate.device_id(self.context)
-
-    def local(self) -> LocalDevice:
-        return LocalDevice(self.context, self.account, self.device_id, self.keys.encryption_key)
-
-
-@dataclass(frozen=True, slots=True)
-class SessionCredentials:
-    token: str = field(repr=False)
-    mode: str
-    expires_at: int
-
-    @classmethod
-    def from_wire(cls, value: object, *, mode: str) -> SessionCredentials:
-        if not isinstance(value, dict):
-            raise TransportError("session credentials must be an object")
-        token, got, expires = value.get("token"), value.get("mode"), value.get("expires_at")
-        if (
-            not isinstance(token, str)
-            or not 1 <= len(token) <= 256
-            or not all("!" <= c <= "~" for c in token)
-        ):
-            raise TransportError("session token is not 1..256 visible ASCII characters")
-        if got != mode:
-            # A token returned with another mode must not be used or cached.
-            raise TransportError(f"relay returned a {got!r} session for a {mode!r} verification")
-        if not isinstance(expires, int) or isinstance(expires, bool):
-            raise TransportError("session expires_at must be an integer")
-        return cls(token, mode, expires)
 
 
 @dataclass(slots=True)
@@ -155,8 +93,9 @@ class Backoff:
         self._attempt = 0
 
 
-class MeshlineClient:
-    """Synchronises one device's account timeline from one relay into a ``MeshlineStore``."""
+class MeshlineClient(AccountCalls):
+    """Synchronises one device's account timeline from its home relay into a ``MeshlineStore``;
+    sending and the account, profile, route and contact calls come from ``AccountCalls``."""
 
     def __init__(
         self,
@@ -169,6 +108,8 @@ class MeshlineClient:
         poll_interval: float = 30.0,
         backoff: Backoff | None = None,
         prefer_websocket: bool = True,
+        directory: RelayDirectory | None = None,
+        max_skew: int = 300,
     ):
         if store.owner != identity.account:
             raise ValueError("the store belongs to another account")
@@ -184,6 +125,9 @@ class MeshlineClient:
         self._session: SessionCredentials | None = None
         self._ws: WebSocketTransport | None = None
         self._clock_offset = 0  # relay clock minus ours, learnt from a clock_skew answer
+        self.directory: RelayDirectory = directory or StaticDirectory.of(relay)
+        self.max_skew = max_skew
+        self._init_account_calls()
 
     # --- connection -------------------------------------------------------------------------
 
@@ -207,45 +151,22 @@ class MeshlineClient:
         self._session = await self._authenticate(self._transport, relay_origin(endpoint))
 
     async def _authenticate(self, transport: Transport, origin: str) -> SessionCredentials:
-        """Challenge, sign, verify. On ``clock_skew`` retry once with a fresh challenge and a
-        timestamp corrected by the relay clock that challenge exposed (``created_at``)."""
-        for attempt in (0, 1):
-            challenge = await transport.call("auth.challenge", {"account": self.identity.account})
-            if not isinstance(challenge, dict) or not isinstance(challenge.get("nonce"), str):
-                raise TransportError("auth.challenge answered without a nonce")
-            timestamp = int(time.time()) + self._clock_offset
-            payload = device_auth_input(
-                relay_id=self.relay.relay_id,
-                origin=origin,
-                account=self.identity.account,
-                device_id=self.identity.device_id,
-                nonce=challenge["nonce"],
-                timestamp=timestamp,
-            )
-            signature = self.identity.keys.sign(network_bound_bytes(payload, self.identity.context))
-            try:
-                result = await transport.call(
-                    "auth.device.verify",
-                    {
-                        "nonce": challenge["nonce"],
-                        "timestamp": timestamp,
-                        "signer_certificate": self.identity.certificate.to_wire(),
-                        "device_signature": b64u_encode(signature),
-                    },
-                )
-            except RelayError as exc:
-                created = challenge.get("created_at")
-                if exc.code != "clock_skew" or attempt or not isinstance(created, int):
-                    raise
-                self._clock_offset = created - int(time.time())
-                continue
-            break
-        return SessionCredentials.from_wire(result, mode="device")
+        session, self._clock_offset = await device_session(
+            transport,
+            self.identity,
+            relay_id=self.relay.relay_id,
+            origin=origin,
+            clock_offset=self._clock_offset,
+        )
+        return session
 
     async def close(self) -> None:
         transport, self._transport, self._ws, self._session = self._transport, None, None, None
-        if transport is not None:
-            await transport.aclose()
+        try:
+            if transport is not None:
+                await transport.aclose()
+        finally:
+            await self._close_peers()
 
     async def __aenter__(self) -> MeshlineClient:
         return self
@@ -341,71 +262,3 @@ class MeshlineClient:
                         return
         except TimeoutError:
             return
-
-    # --- account session ----------------------------------------------------------------------
-
-    async def publish_device_state(self, account_key: AccountKey, state: AccountDeviceState) -> Any:
-        """``device.state.publish`` under an account session (the bootstrap path: a relay
-        cannot authenticate a device before it holds the account's device state)."""
-        endpoint = self.relay.https
-        transport = HttpTransport(endpoint)
-        try:
-            challenge = await transport.call("auth.challenge", {"account": self.identity.account})
-            if not isinstance(challenge, dict) or not isinstance(challenge.get("nonce"), str):
-                raise TransportError("auth.challenge answered without a nonce")
-            payload = account_auth_input(
-                relay_id=self.relay.relay_id,
-                origin=relay_origin(endpoint),
-                account=self.identity.account,
-                account_public_key=account_key.public_key_b64,
-                nonce=challenge["nonce"],
-            )
-            result = await transport.call(
-                "auth.account.verify",
-                {
-                    "nonce": challenge["nonce"],
-                    "account_public_key": account_key.public_key_b64,
-                    "account_signature": account_key.sign_object(
-                        payload, self.identity.context, exclude=()
-                    ),
-                },
-            )
-            session = SessionCredentials.from_wire(result, mode="account")
-            return await transport.call(
-                "device.state.publish", state.to_wire(), session=session.token
-            )
-        finally:
-            await transport.aclose()
-
-    # --- sending ----------------------------------------------------------------------------
-
-    async def send(
-        self,
-        to: str,
-        content: Mapping[str, Any],
-        *,
-        recipients: Sequence[DeviceCertificate],
-        own_devices: Sequence[DeviceCertificate] | None = None,
-    ) -> dict[str, Any]:
-        """Seal and ``message.send``; returns the ``DeliveryStatus`` object.
-
-        ``own_devices`` (certificates of this account's devices) adds sender
-        boxes so they see the sent record; never used for self-delivery.
-        """
-        ctx = self.identity.context
-        params: SendParams = seal_message(
-            content,
-            device_keys=self.identity.keys,
-            from_=self.identity.account,
-            from_device_id=self.identity.device_id,
-            to=to,
-            recipients=[BoxTarget.of(c, ctx) for c in recipients],
-            senders=None
-            if own_devices is None or to == self.identity.account
-            else [BoxTarget.of(c, ctx) for c in own_devices],
-            context=ctx,
-        )
-        status = await self.call("message.send", params.to_wire())
-        if not isinstance(status, dict):
-            raise TransportError("message.send answered without a DeliveryStatus")
-        return status

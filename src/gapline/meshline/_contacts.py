@@ -24,7 +24,14 @@ from gapline.meshline._canonical import (
 )
 from gapline.meshline._certificates import DeviceCertificate, verify_certificate
 from gapline.meshline._errors import BadRequest, MeshlineError
-from gapline.meshline._fields import b64_field, extensions, object_of, str_field, type_field
+from gapline.meshline._fields import (
+    b64_field,
+    extensions,
+    no_nulls,
+    object_of,
+    str_field,
+    type_field,
+)
 from gapline.meshline._identity import DeviceKeys, device_verify
 from gapline.meshline._ids import check_device_id, decode_prefixed
 
@@ -32,6 +39,8 @@ __all__ = [
     "ContactGrant",
     "ContactInvite",
     "GrantAction",
+    "issue_grant",
+    "issue_invite",
     "select_grant",
     "sign_grant",
     "valid_grant_signers",
@@ -44,18 +53,6 @@ _GRANT_FIELDS = frozenset({"$type", "grantor", "grantee", "expires_at", "signatu
 _INVITE_FIELDS = frozenset(
     {"$type", "inviter", "signer_device_id", "expires_at", "device_signature"}
 )
-
-
-def _no_nulls(value: Any, where: str) -> None:
-    """``null`` is invalid unless a field allows it; no grant field does."""
-    if value is None:
-        raise BadRequest(f"{where}: null is not allowed")
-    if isinstance(value, Mapping):
-        for key, child in value.items():
-            _no_nulls(child, f"{where}.{key}")
-    elif isinstance(value, list):
-        for index, child in enumerate(value):
-            _no_nulls(child, f"{where}[{index}]")
 
 
 def _int(value: object, name: str) -> int:
@@ -84,7 +81,7 @@ class ContactGrant:
             decode_prefixed(device_id, "dev_", 16)
             b64u_decode(signature, length=64, field="signature")
         body = {k: v for k, v in obj.items() if k != "signatures"}
-        _no_nulls(body, "ContactGrant")
+        no_nulls(body, "ContactGrant")
         return cls(
             grantor=str_field(obj, "grantor"),
             grantee=str_field(obj, "grantee"),
@@ -133,6 +130,22 @@ def sign_grant(
         grant.expires_at,
         grant.extensions,
     )
+
+
+def issue_grant(
+    device_keys: DeviceKeys,
+    device_id: str,
+    context: NetworkContext,
+    *,
+    grantor: str,
+    grantee: str,
+    expires_at: int | None = None,
+    extensions: Mapping[str, Any] | None = None,
+) -> ContactGrant:
+    """A new grant from ``grantor`` to ``grantee``, signed by one device of ``grantor``."""
+    unsigned = ContactGrant(grantor, grantee, {}, expires_at, dict(extensions or {}))
+    no_nulls(unsigned.body(), "ContactGrant")
+    return sign_grant(unsigned, device_keys, device_id, context)
 
 
 def valid_grant_signers(
@@ -231,6 +244,7 @@ class ContactInvite:
     def from_wire(cls, value: object) -> ContactInvite:
         obj = object_of(value, "ContactInvite")
         type_field(obj, INVITE_TYPE)
+        no_nulls(obj, "ContactInvite")
         return cls(
             inviter=str_field(obj, "inviter"),
             signer_device_id=check_device_id(obj.get("signer_device_id"), field="signer_device_id"),
@@ -238,6 +252,19 @@ class ContactInvite:
             device_signature=b64_field(obj, "device_signature", 64),
             extensions=extensions(obj, _INVITE_FIELDS),
         )
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> ContactInvite:
+        return cls.from_wire(parse_json(data))
+
+    def to_json(self) -> bytes:
+        return canonical_json(self.to_wire())
+
+    def signing_input(self, context: NetworkContext) -> bytes:
+        return network_bound_bytes(self.to_wire(), context, exclude=("device_signature",))
+
+    def is_expired(self, now: int) -> bool:
+        return now >= self.expires_at
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -262,7 +289,29 @@ def verify_invite(
             return False
     except MeshlineError:
         return False
-    data = network_bound_bytes(invite.to_wire(), context, exclude=("device_signature",))
     return device_verify(
-        signer.signing_key_bytes, data, b64u_decode(invite.device_signature, length=64)
+        signer.signing_key_bytes,
+        invite.signing_input(context),
+        b64u_decode(invite.device_signature, length=64),
     )
+
+
+def issue_invite(
+    device_keys: DeviceKeys,
+    device_id: str,
+    context: NetworkContext,
+    *,
+    inviter: str,
+    expires_at: int,
+    extensions: Mapping[str, Any] | None = None,
+) -> ContactInvite:
+    """An invitation to contact ``inviter``, signed by its device ``device_id``."""
+    body: dict[str, Any] = {
+        **(extensions or {}),
+        "$type": INVITE_TYPE,
+        "inviter": inviter,
+        "signer_device_id": device_id,
+        "expires_at": expires_at,
+    }
+    signature = device_keys.sign_object(body, context, exclude=())
+    return ContactInvite.from_wire({**body, "device_signature": signature})

@@ -9,6 +9,13 @@
     │   ├── WireContextForbidden  a wire object carried the reserved ``$context``
     │   └── RequestTooLarge       request_too_large: an object exceeds its size limit
     ├── InvalidSignature          invalid_signature: a signature or binding check failed
+    ├── Forbidden                 forbidden: a valid identity lacks the permission
+    ├── ClockSkew                 clock_skew: a creation/update time is too far from ours
+    ├── StaleState                stale_state: older than what is stored
+    ├── StateConflict             state_conflict: same revision, other content (or no usable state)
+    ├── InvalidState              invalid_state: an unresolved same-revision route conflict
+    ├── NotFound                  not_found: no such route, profile or object
+    ├── DeviceUnknown             device_unknown: no currently valid device to address
     ├── DecryptionFailed          a key box or payload did not authenticate (local only)
     ├── InvalidPage               a sync page broke the response rules (local only)
     └── TransportError            the relay could not be reached or spoke garbage (local only)
@@ -26,13 +33,20 @@ __all__ = [
     "HTTP_STATUS_BY_CODE",
     "JSONRPC_CODE_BY_CODE",
     "BadRequest",
+    "ClockSkew",
     "DecryptionFailed",
+    "DeviceUnknown",
+    "Forbidden",
     "InvalidPage",
     "InvalidSignature",
+    "InvalidState",
     "MeshlineError",
+    "NotFound",
     "RateLimited",
     "RelayError",
     "RequestTooLarge",
+    "StaleState",
+    "StateConflict",
     "TransportError",
     "WireContextForbidden",
     "error_from_code",
@@ -118,6 +132,34 @@ class RequestTooLarge(BadRequest):
 
 class InvalidSignature(MeshlineError):
     code = "invalid_signature"
+
+
+class Forbidden(MeshlineError):
+    code = "forbidden"
+
+
+class ClockSkew(MeshlineError):
+    code = "clock_skew"
+
+
+class StaleState(MeshlineError):
+    code = "stale_state"
+
+
+class StateConflict(MeshlineError):
+    code = "state_conflict"
+
+
+class InvalidState(MeshlineError):
+    code = "invalid_state"
+
+
+class NotFound(MeshlineError):
+    code = "not_found"
+
+
+class DeviceUnknown(MeshlineError):
+    code = "device_unknown"
 
 
 class DecryptionFailed(MeshlineError):

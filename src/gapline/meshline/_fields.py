@@ -13,7 +13,16 @@ from gapline.meshline._base64 import b64u_decode
 from gapline.meshline._canonical import MAX_SAFE_INTEGER
 from gapline.meshline._errors import BadRequest, WireContextForbidden
 
-__all__ = ["b64_field", "extensions", "int_field", "object_of", "str_field", "type_field"]
+__all__ = [
+    "b64_field",
+    "bool_field",
+    "extensions",
+    "int_field",
+    "no_nulls",
+    "object_of",
+    "str_field",
+    "type_field",
+]
 
 
 def object_of(value: object, what: str) -> Mapping[str, Any]:
@@ -45,6 +54,27 @@ def int_field(obj: Mapping[str, Any], name: str, *, minimum: int = -MAX_SAFE_INT
     if not minimum <= value <= MAX_SAFE_INTEGER:
         raise BadRequest(f"{name}: out of range")
     return value
+
+
+def bool_field(obj: Mapping[str, Any], name: str) -> bool:
+    value = obj.get(name)
+    if not isinstance(value, bool):
+        raise BadRequest(f"{name}: expected a boolean")
+    return value
+
+
+def no_nulls(value: Any, where: str) -> None:
+    """``null`` is invalid unless a field allows it (general.md); none of ours does,
+    and an unknown field cannot declare that it does."""
+    stack = [(value, where)]
+    while stack:
+        node, path = stack.pop()
+        if node is None:
+            raise BadRequest(f"{path}: null is not allowed")
+        if isinstance(node, Mapping):
+            stack.extend((child, f"{path}.{key}") for key, child in node.items())
+        elif isinstance(node, list):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(node))
 
 
 def b64_field(obj: Mapping[str, Any], name: str, length: int | None = None) -> str:

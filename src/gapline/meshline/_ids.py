@@ -22,9 +22,12 @@ from gapline.meshline._ripemd160 import ripemd160
 __all__ = [
     "DEVICE_ID_RE",
     "MESSAGE_ID_RE",
+    "RELAY_ID_RE",
+    "b58decode",
     "check_account_id",
     "check_device_id",
     "check_message_id",
+    "check_relay_id",
     "decode_prefixed",
     "derive_device_id",
     "neo_account_id",
@@ -35,6 +38,7 @@ __all__ = [
 
 DEVICE_ID_RE = re.compile(r"dev_[A-Za-z0-9_-]{22}")
 MESSAGE_ID_RE = re.compile(r"msg_[A-Za-z0-9_-]{22}")
+RELAY_ID_RE = re.compile(r"0x[0-9a-f]{40}")
 _ACCOUNT_RE = re.compile(r"neo:(0|[1-9][0-9]{0,9}):[1-9A-HJ-NP-Za-km-z]{34}")
 _B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 _NEO_ADDRESS_VERSION = 0x35
@@ -54,6 +58,18 @@ def _b58encode(data: bytes) -> str:
         out.append(_B58[r])
     pad = len(data) - len(data.lstrip(b"\0"))
     return "1" * pad + "".join(reversed(out))
+
+
+def b58decode(text: str) -> bytes:
+    """Base58 (Bitcoin alphabet) text to bytes; leading ``1``s are zero bytes."""
+    n = 0
+    for ch in text:
+        digit = _B58.find(ch)
+        if digit < 0:
+            raise BadRequest(f"not base58: {ch!r}")
+        n = n * 58 + digit
+    body = n.to_bytes((n.bit_length() + 7) // 8, "big") if n else b""
+    return b"\0" * (len(text) - len(text.lstrip("1"))) + body
 
 
 def neo_script_hash(public_key: bytes) -> bytes:
@@ -93,6 +109,13 @@ def check_device_id(value: object, *, field: str = "device_id") -> str:
 def check_message_id(value: object, *, field: str = "message_id") -> str:
     if not isinstance(value, str) or MESSAGE_ID_RE.fullmatch(value) is None:
         raise BadRequest(f"{field}: invalid message ID")
+    return value
+
+
+def check_relay_id(value: object, *, field: str = "relay_id") -> str:
+    """``0x`` + 40 lowercase hex digits, exactly (registry/core-objects.md: no case folding)."""
+    if not isinstance(value, str) or RELAY_ID_RE.fullmatch(value) is None:
+        raise BadRequest(f"{field}: invalid relay ID")
     return value
 
 

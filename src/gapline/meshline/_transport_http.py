@@ -18,7 +18,7 @@ import httpx
 from gapline.meshline._canonical import canonical_json, parse_json
 from gapline.meshline._errors import BadRequest, MeshlineError, TransportError, error_from_code
 
-__all__ = ["HTTP_METHODS", "SESSION_HEADER", "HttpTransport", "encode_query"]
+__all__ = ["HTTP_METHODS", "SESSION_HEADER", "SIGNED_POST_FORMS", "HttpTransport", "encode_query"]
 
 SESSION_HEADER = "X-Meshline-Session"
 
@@ -39,6 +39,11 @@ HTTP_METHODS: Mapping[str, str] = {
     "message.delivery.status": "GET",
     "message.timeline.sync": "GET",
 }
+
+
+#: Queries whose signed form (params carrying ``$type``) is a POST: a signature and nested
+#: authorization material never ride in a query string (methods/conventions.md).
+SIGNED_POST_FORMS = frozenset({"device.state.resolve"})
 
 
 def encode_query(params: Mapping[str, Any] | None) -> dict[str, str]:
@@ -78,6 +83,8 @@ class HttpTransport:
         self, method: str, params: Mapping[str, Any] | None = None, *, session: str | None = None
     ) -> Any:
         verb = HTTP_METHODS.get(method, "POST")
+        if verb == "GET" and method in SIGNED_POST_FORMS and params and "$type" in params:
+            verb = "POST"
         url = self._base + "/" + method.replace(".", "/")
         headers = {"Accept": "application/json"}
         if session is not None:
