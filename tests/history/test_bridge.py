@@ -46,7 +46,7 @@ from gapline.history import (
 from gapline.history._bridge import Bridge, LineWriter, parse_request, stream_lines
 from gapline.history._publish import Publisher
 from gapline.history._types import Cancel, CloseRoom, Continuity
-from gapline.history._wire import state_from_wire
+from gapline.history._wire_decode import state_from_wire
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -29,7 +29,7 @@ from gapline.history import (
     RecentHistoryKind,
     RepairPhase,
 )
-from gapline.history._wire import event_from_wire, state_from_wire
+from gapline.history._wire_decode import event_from_wire, state_from_wire
 from tests.fixtures.synapse import SynapseKit
 
 READ_TIMEOUT = 60.0  # a hung bridge fails the test instead of hanging it

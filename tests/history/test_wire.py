@@ -55,18 +55,15 @@ from gapline.history import (
     TimelineChanged,
     TimelineReset,
 )
-from gapline.history._wire import (
-    WireError,
+from gapline.history._wire import WireError, dumps, loads, to_wire
+from gapline.history._wire_decode import (
     answer_from_wire,
     command_from_wire,
     diff_from_wire,
-    dumps,
     event_from_wire,
     item_from_wire,
-    loads,
     report_from_wire,
     state_from_wire,
-    to_wire,
 )
 
 # --------------------------------------------------------------------- DESIGN.md, "Commands:"

@@ -17,6 +17,7 @@ from gapline.storage import (
     IntegrityError,
     OperationalError,
     open_backend,
+    tune_sqlite_writer,
 )
 from gapline.storage._postgres import (
     _connect,
@@ -77,6 +78,16 @@ async def test_collation_of_an_icu_database_differs_from_byte_order(make_postgre
     finally:
         await backend.close()
     assert [row[0] for row in ordered] == ["a", "A", "b", "B"]  # byte order: A B a b
+
+
+async def test_tune_sqlite_writer_leaves_postgres_alone(postgres_dsn: str) -> None:
+    backend = await open_backend(postgres_dsn)
+    try:
+        # A PRAGMA is a syntax error on PostgreSQL: reaching it would raise.
+        await tune_sqlite_writer(backend, cache_kib=4096, wal_autocheckpoint_pages=2048)
+        assert await backend.write(lambda tx: tx.one("SELECT 1")) == (1,)
+    finally:
+        await backend.close()
 
 
 async def test_an_unreachable_server_is_backend_unavailable(postgres_cluster) -> None:
