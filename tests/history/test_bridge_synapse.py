@@ -114,7 +114,7 @@ def describe(items) -> str:
 
 
 def assert_chronological(items) -> None:
-    """DESIGN: index 0 is the oldest row; a gap row sits between two events."""
+    """Index 0 is the oldest row; a gap row sits between two events."""
     stamps = [i.origin_server_ts for i in items if isinstance(i, EventItem)]
     assert stamps == sorted(stamps), "rows out of order:\n" + describe(items)
     for n, item in enumerate(items):

@@ -420,15 +420,19 @@ async def test_several_writers_keep_the_order_of_awaited_writes(postgres_dsn: st
 
     await asyncio.gather(*(caller(c) for c in range(8)))
     await asyncio.gather(failing(), *(caller(c) for c in range(8, 12)))
-    queued = [
-        asyncio.ensure_future(
-            backend.write(
-                lambda tx, i=i: tx.execute("INSERT INTO o (caller, i) VALUES (99, ?)", (i,))
-            )
+    called: list[int] = []
+    all_called = asyncio.Event()
+
+    async def queued_write(i: int) -> int:
+        called.append(i)
+        if len(called) == 40:
+            all_called.set()
+        return await backend.write(
+            lambda tx: tx.execute("INSERT INTO o (caller, i) VALUES (99, ?)", (i,))
         )
-        for i in range(40)
-    ]
-    await asyncio.sleep(0)  # let every write reach the queue before closing
+
+    queued = [asyncio.create_task(queued_write(i)) for i in range(40)]
+    await all_called.wait()  # every write was asked for before close() is called
     await backend.close()
     assert [f.result() for f in queued] == [1] * 40
     with psycopg.connect(postgres_dsn) as conn:
