@@ -46,7 +46,7 @@ from gapline.history import (
 from gapline.history._bridge import Bridge, LineWriter, parse_request, stream_lines
 from gapline.history._publish import Publisher
 from gapline.history._types import Cancel, CloseRoom, Continuity
-from gapline.history._wire import state_from_wire
+from gapline.history._wire_decode import state_from_wire
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -116,8 +116,8 @@ class FakeEngine:
                     return RoomNotOpen()
                 await pub(HistoryRepairChanged(HistoryRepairReport(room_id=room, gap_id=gap)))
                 self.fill_started.set()
-                release = asyncio.ensure_future(self.release_fill.wait())
-                cancel = asyncio.ensure_future(self.cancel_fill.wait())
+                release = asyncio.create_task(self.release_fill.wait())
+                cancel = asyncio.create_task(self.cancel_fill.wait())
                 await asyncio.wait({release, cancel}, return_when=asyncio.FIRST_COMPLETED)
                 release.cancel()
                 cancel.cancel()

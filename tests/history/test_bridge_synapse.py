@@ -29,7 +29,7 @@ from gapline.history import (
     RecentHistoryKind,
     RepairPhase,
 )
-from gapline.history._wire import event_from_wire, state_from_wire
+from gapline.history._wire_decode import event_from_wire, state_from_wire
 from tests.fixtures.synapse import SynapseKit
 
 READ_TIMEOUT = 60.0  # a hung bridge fails the test instead of hanging it
@@ -114,7 +114,7 @@ def describe(items) -> str:
 
 
 def assert_chronological(items) -> None:
-    """DESIGN: index 0 is the oldest row; a gap row sits between two events."""
+    """Index 0 is the oldest row; a gap row sits between two events."""
     stamps = [i.origin_server_ts for i in items if isinstance(i, EventItem)]
     assert stamps == sorted(stamps), "rows out of order:\n" + describe(items)
     for n, item in enumerate(items):

@@ -41,6 +41,7 @@ from gapline.storage import KdfParams, WrongPassphrase, open_backend, open_ciphe
 from tests.history.test_engine_support import (
     NO_RETRY,
     PASSPHRASE,
+    HoldingTransport,
     assert_mirror_matches,
     event_ids,
     gap_rows,
@@ -59,8 +60,14 @@ def alice(fake: FakeHomeserver):
     return fake.register("alice")
 
 
-def client_for(fake: FakeHomeserver, session):
-    return fake.client(session, retry=NO_RETRY, sleep=no_sleep)
+def client_for(fake: FakeHomeserver, session, **kwargs):
+    return fake.client(session, retry=NO_RETRY, sleep=no_sleep, **kwargs)
+
+
+@pytest.fixture
+def held(fake: FakeHomeserver) -> HoldingTransport:
+    """The fake's transport behind one that can hold a request in flight."""
+    return HoldingTransport(fake.transport)
 
 
 async def retain_all(store: Path, fake: FakeHomeserver, session, room: str) -> None:
@@ -377,42 +384,50 @@ async def test_fill_reaching_room_creation_is_unavailable(tmp_path, fake, alice)
 # -- one operation per room, cancel -------------------------------------------------------
 
 
-async def test_room_busy_for_every_overlap_and_retry_joins(tmp_path, fake, alice):
+async def test_room_busy_for_every_overlap_and_retry_joins(tmp_path, fake, alice, held):
     room = fake.create_room(alice.user_id, name="r")
     await retain_all(tmp_path, fake, alice, room)
-    async with client_for(fake, alice) as client, open_engine(tmp_path, client) as h:
+    async with (
+        client_for(fake, alice, transport=held) as client,
+        open_engine(tmp_path, client) as h,
+    ):
         await open_settled(h, room)
         gap_id = await make_gap(h, fake, alice, room, 300)
-        # A recent load that stalls on its first page.
-        fake.stall("messages", 0.3)
+        # A recent load held on its first page.
+        first_page = held.hold("/messages")
         retry = asyncio.create_task(h.engine.execute(HistoryRepair(RetryRecent(room))))
-        await asyncio.sleep(0.05)
+        await first_page.arrived.wait()
         assert await h.engine.execute(HistoryRepair(FillGap(room, gap_id))) == RoomBusy()
         assert await h.engine.execute(PaginateBackwards(room)) == RoomBusy()
+        # Released, the load can only go on once this task yields: the retry below
+        # finds it still running, and joins it.
+        first_page.release()
         joined = await h.engine.execute(HistoryRepair(RetryRecent(room)))
         assert joined == await retry == Ok()
-        # A fill that stalls: a recent load, and a second fill, are busy.
+        # A fill held on its first page: a recent load, and a second fill, are busy.
         [gap] = gap_rows(h.engine.timeline(room).state.items)
-        fake.stall("messages", 0.3)
+        first_page = held.hold("/messages")
         fill = asyncio.create_task(h.engine.execute(HistoryRepair(FillGap(room, gap.id))))
-        await asyncio.sleep(0.05)
+        await first_page.arrived.wait()
         assert await h.engine.execute(HistoryRepair(RetryRecent(room))) == RoomBusy()
         assert await h.engine.execute(HistoryRepair(FillGap(room, gap.id))) == RoomBusy()
+        first_page.release()
         assert await fill == Ok()
 
 
-async def test_cancel_during_fill_keeps_committed_pages_after_restart(tmp_path, fake, alice):
+async def test_cancel_during_fill_keeps_committed_pages_after_restart(tmp_path, fake, alice, held):
     room = fake.create_room(alice.user_id, name="r")
     await retain_all(tmp_path, fake, alice, room)
-    async with client_for(fake, alice) as client, open_engine(tmp_path, client) as h:
+    async with (
+        client_for(fake, alice, transport=held) as client,
+        open_engine(tmp_path, client) as h,
+    ):
         await open_settled(h, room)
         gap_id = await make_gap(h, fake, alice, room, 300)
-        fake.stall("messages", 5.0, on_call=2)
-        before = messages_requests(fake)
+        second_page = held.hold("/messages", on_call=2)
         fill = asyncio.create_task(h.engine.execute(HistoryRepair(FillGap(room, gap_id))))
-        # page 1 committed, page 2 stalls (the fake offers no event to wait on)
-        while messages_requests(fake) < before + 2:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
+        # Page 1 is answered; page 2, asked for while page 1 commits, is held for good.
+        await second_page.arrived.wait()
         assert await h.engine.execute(HistoryRepair(CancelCmd(room))) == Ok()
         assert await fill == Interrupted()
         settled = h.recorder.reports()[-1]
@@ -424,7 +439,6 @@ async def test_cancel_during_fill_keeps_committed_pages_after_restart(tmp_path, 
         )
         shown = event_ids(h.engine.timeline(room).state.items)
         assert_mirror_matches(h, room)
-    fake.clear_faults()
     async with client_for(fake, alice) as client, open_engine(tmp_path, client) as h:
         await h.engine.execute(OpenRoom(room))
         await h.engine.execute(HistoryRepair(CancelCmd(room)))
@@ -440,14 +454,17 @@ async def test_cancel_during_fill_keeps_committed_pages_after_restart(tmp_path, 
         assert stored == fake.event_ids(room)
 
 
-async def test_close_room_interrupts_and_publishes_idle(tmp_path, fake, alice):
+async def test_close_room_interrupts_and_publishes_idle(tmp_path, fake, alice, held):
     room = fake.create_room(alice.user_id, name="r")
     fake.send_messages(alice.user_id, room, [f"m{i}" for i in range(20)])
-    async with client_for(fake, alice) as client, open_engine(tmp_path, client) as h:
-        fake.stall("messages", 5.0)
+    async with (
+        client_for(fake, alice, transport=held) as client,
+        open_engine(tmp_path, client) as h,
+    ):
+        first_page = held.hold("/messages")  # never released: CloseRoom stops the load
         await h.engine.execute(OpenRoom(room))
         retry = asyncio.create_task(h.engine.execute(HistoryRepair(RetryRecent(room))))
-        await asyncio.sleep(0.05)
+        await first_page.arrived.wait()
         assert await h.engine.execute(CloseRoom(room)) == Ok()
         assert await retry == Interrupted()
         assert h.recorder.recent(room)[-1] is RecentHistoryKind.Idle

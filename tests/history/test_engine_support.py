@@ -1,13 +1,17 @@
 """Helpers shared by the engine tests (no tests here): an engine on a fake or real server,
-with a mirror and a queue attached, and readers of its timeline."""
+with a mirror and a queue attached, readers of its timeline, and a transport that holds a
+chosen request in flight until the test releases it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from gapline.history import (
     Engine,
@@ -55,6 +59,56 @@ class Recorder:
             for e in self.events
             if isinstance(e, RecentHistoryChanged) and e.room_id == room_id
         ]
+
+
+@dataclass(eq=False)
+class Hold:
+    """One request held in flight: ``arrived`` is set when it reaches the transport, and it
+    goes on to the server only once :meth:`release` is called (never, if it is cancelled)."""
+
+    path_suffix: str
+    on_call: int
+    seen: int = 0
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+class HoldingTransport(httpx.AsyncBaseTransport):
+    """A transport in front of another (the fake's, or a real one) that can hold requests.
+
+    Instead of stalling a request for a while and sleeping a guess, a test installs a
+    :meth:`hold`, waits on its ``arrived`` event, checks what must hold while the request
+    is in flight (the operation runs, the room is busy), then releases it or cancels the
+    operation. Every request passes through untouched otherwise.
+    """
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+        self._holds: list[Hold] = []
+
+    def hold(self, path_suffix: str = "/messages", *, on_call: int = 1) -> Hold:
+        """Hold the ``on_call``-th request whose path ends with ``path_suffix``, counted
+        from now."""
+        hold = Hold(path_suffix, on_call)
+        self._holds.append(hold)
+        return hold
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        for hold in self._holds:
+            if hold.arrived.is_set() or not request.url.path.endswith(hold.path_suffix):
+                continue
+            hold.seen += 1
+            if hold.seen == hold.on_call:
+                hold.arrived.set()
+                await hold.released.wait()
+                break
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 @dataclass

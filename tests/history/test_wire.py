@@ -1,9 +1,10 @@
-"""The wire codec against the JSON that DESIGN.md and the seed write down.
+"""The wire codec against the protocol's pinned example JSON.
 
-The literals below are copied from DESIGN.md ("Wire protocol") and
-seeds/segmented-history.md ("wire shapes") as they are written there, spacing
-included. Only DESIGN's non-JSON placeholders (``[ ... ]``, ``..``) are filled
-with concrete values; each such spot is marked.
+The literals below are the protocol's reference examples exactly as they are
+written down, spacing included: one-line examples of every command, answer,
+item, event and diff, and pretty-printed ones of a gap row and a settled fill.
+Where an example only sketches a value (``[ ... ]``, ``..``), a concrete value
+is filled in; each such spot is marked.
 """
 
 from __future__ import annotations
@@ -55,22 +56,19 @@ from gapline.history import (
     TimelineChanged,
     TimelineReset,
 )
-from gapline.history._wire import (
-    WireError,
+from gapline.history._wire import WireError, dumps, loads, to_wire
+from gapline.history._wire_decode import (
     answer_from_wire,
     command_from_wire,
     diff_from_wire,
-    dumps,
     event_from_wire,
     item_from_wire,
-    loads,
     report_from_wire,
     state_from_wire,
-    to_wire,
 )
 
-# --------------------------------------------------------------------- DESIGN.md, "Commands:"
-DESIGN_COMMANDS = [
+# --------------------------------------------------------------------- commands
+COMMAND_EXAMPLES = [
     ('{ "OpenRoom": { "room_id": "!r:example.org" } }', OpenRoom("!r:example.org")),
     ('{ "CloseRoom": { "room_id": "!r:example.org" } }', CloseRoom("!r:example.org")),
     (
@@ -92,8 +90,8 @@ DESIGN_COMMANDS = [
     ('"Shutdown"', Shutdown()),
 ]
 
-# --------------------------------------------------------------------- seed, "wire shapes"
-SEED_COMMANDS = [
+# --------------------------------------------------------------------- repair commands, another room
+REPAIR_EXAMPLES = [
     (
         '{ "HistoryRepair": { "FillGap": { "room_id": "!room:example.org", "gap_id": "opaque" } } }',
         HistoryRepair(FillGap("!room:example.org", "opaque")),
@@ -109,7 +107,7 @@ SEED_COMMANDS = [
 ]
 
 # --------------------------------------------------------------------- extensions (docs/history.md)
-EXTENSION_COMMANDS = [
+EXTENSION_EXAMPLES = [
     (
         '{ "PaginateBackwards": { "room_id": "!r:example.org", "count": 50 } }',
         PaginateBackwards("!r:example.org", 50),
@@ -117,8 +115,8 @@ EXTENSION_COMMANDS = [
     ('"DumpState"', DumpState()),
 ]
 
-# --------------------------------------------------------------------- DESIGN.md, "Answers:"
-DESIGN_ANSWERS = [
+# --------------------------------------------------------------------- answers
+ANSWER_EXAMPLES = [
     ('"Ok"', Ok()),
     ('"RoomBusy"', RoomBusy()),
     ('"Interrupted"', Interrupted()),
@@ -128,13 +126,13 @@ DESIGN_ANSWERS = [
     ('{ "Invalid": "message" }', Invalid("message")),
 ]
 
-# --------------------------------------------------------------------- DESIGN.md, "Timeline items:"
-DESIGN_EVENT_ITEM = """{ "Event": { "id": "opaque row id", "event_id": "$e:example.org", "sender": "@a:example.org",
+# --------------------------------------------------------------------- timeline items
+EVENT_ITEM_JSON = """{ "Event": { "id": "opaque row id", "event_id": "$e:example.org", "sender": "@a:example.org",
     "origin_server_ts": 1700000000000, "event_type": "m.room.message", "body": "text or null",
     "edited": false, "redacted": false, "receipts": ["@b:example.org"] } }"""
-DESIGN_GAP_ITEM = """{ "HistoryGap": { "id": "opaque", "older_boundary": "$older:example.org",
+GAP_ITEM_JSON = """{ "HistoryGap": { "id": "opaque", "older_boundary": "$older:example.org",
     "newer_boundary": "$newer:example.org", "lifecycle": "Idle", "failure": null } }"""
-DESIGN_READ_MARKER = '{ "ReadMarker": { "id": "read-marker" } }'
+READ_MARKER_JSON = '{ "ReadMarker": { "id": "read-marker" } }'
 
 EVENT_ITEM = EventItem(
     id="opaque row id",
@@ -155,8 +153,8 @@ GAP_ITEM = HistoryGapItem(
     failure=None,
 )
 
-# --------------------------------------------------------------------- seed, "a gap row."
-SEED_GAP_ROW = """{
+# --------------------------------------------------------------------- a gap row, pretty-printed
+GAP_ROW_PRETTY = """{
   "HistoryGap": {
     "id": "opaque",
     "older_boundary": "$older:example.org",
@@ -166,8 +164,8 @@ SEED_GAP_ROW = """{
   }
 }"""
 
-# --------------------------------------------------------------------- seed, "a settled fill."
-SEED_SETTLED_FILL = """{
+# --------------------------------------------------------------------- a settled fill, pretty-printed
+SETTLED_FILL_PRETTY = """{
   "room_id": "!room:example.org",
   "gap_id": "opaque",
   "pages": 2,
@@ -178,8 +176,8 @@ SEED_SETTLED_FILL = """{
   "failure": null
 }"""
 
-# --------------------------------------------------------------------- DESIGN.md, "Events:"
-DESIGN_EVENTS = [
+# --------------------------------------------------------------------- events
+EVENT_EXAMPLES = [
     (
         '{ "RecentHistoryChanged": { "room_id": "!r:example.org", "state": "Loading" } }',
         RecentHistoryChanged("!r:example.org", RecentHistoryState.LOADING),
@@ -202,36 +200,36 @@ DESIGN_EVENTS = [
             )
         ),
     ),
-    # DESIGN writes `"items": [ ... ]`; filled with its three item examples.
+    # The example sketches `"items": [ ... ]`; filled with the three item examples.
     (
         '{ "TimelineReset": { "room_id": "...", "items": [ '
-        + DESIGN_EVENT_ITEM
+        + EVENT_ITEM_JSON
         + ", "
-        + DESIGN_GAP_ITEM
+        + GAP_ITEM_JSON
         + ", "
-        + DESIGN_READ_MARKER
+        + READ_MARKER_JSON
         + " ] } }",
         TimelineReset("...", (EVENT_ITEM, GAP_ITEM, ReadMarkerItem())),
     ),
-    # DESIGN writes `"diffs": [ ... ]`; filled with two diffs.
+    # The example sketches `"diffs": [ ... ]`; filled with two diffs.
     (
         '{ "TimelineChanged": { "room_id": "...", "diffs": [ {"Remove":{"index":1}}, "Clear" ] } }',
         TimelineChanged("...", (Remove(1), Clear())),
     ),
 ]
 
-# --------------------------------------------------------------------- DESIGN.md, the diff vocabulary
-# DESIGN writes `..` for the values; filled with its item examples.
-DESIGN_DIFFS = [
-    ('{"Append":{"values":[' + DESIGN_EVENT_ITEM + "]}}", Append((EVENT_ITEM,))),
-    ('{"PushFront":{"value":' + DESIGN_GAP_ITEM + "}}", PushFront(GAP_ITEM)),
-    ('{"PushBack":{"value":' + DESIGN_READ_MARKER + "}}", PushBack(ReadMarkerItem())),
-    ('{"Insert":{"index":3,"value":' + DESIGN_GAP_ITEM + "}}", Insert(3, GAP_ITEM)),
-    ('{"Set":{"index":0,"value":' + DESIGN_EVENT_ITEM + "}}", Set(0, EVENT_ITEM)),
+# --------------------------------------------------------------------- the diff vocabulary
+# The examples sketch the values as `..`; filled with the item examples.
+DIFF_EXAMPLES = [
+    ('{"Append":{"values":[' + EVENT_ITEM_JSON + "]}}", Append((EVENT_ITEM,))),
+    ('{"PushFront":{"value":' + GAP_ITEM_JSON + "}}", PushFront(GAP_ITEM)),
+    ('{"PushBack":{"value":' + READ_MARKER_JSON + "}}", PushBack(ReadMarkerItem())),
+    ('{"Insert":{"index":3,"value":' + GAP_ITEM_JSON + "}}", Insert(3, GAP_ITEM)),
+    ('{"Set":{"index":0,"value":' + EVENT_ITEM_JSON + "}}", Set(0, EVENT_ITEM)),
     ('{"Remove":{"index":2}}', Remove(2)),
     ('"Clear"', Clear()),
     (
-        '{"Reset":{"values":[' + DESIGN_EVENT_ITEM + "," + DESIGN_GAP_ITEM + "]}}",
+        '{"Reset":{"values":[' + EVENT_ITEM_JSON + "," + GAP_ITEM_JSON + "]}}",
         Reset((EVENT_ITEM, GAP_ITEM)),
     ),
 ]
@@ -246,17 +244,19 @@ def _round_trip(text: str, expected: object, decode) -> None:
     assert "\n" not in dumps(expected)
 
 
-@pytest.mark.parametrize(("text", "expected"), DESIGN_COMMANDS + SEED_COMMANDS + EXTENSION_COMMANDS)
+@pytest.mark.parametrize(
+    ("text", "expected"), COMMAND_EXAMPLES + REPAIR_EXAMPLES + EXTENSION_EXAMPLES
+)
 def test_commands_round_trip(text: str, expected: object) -> None:
     _round_trip(text, expected, command_from_wire)
 
 
-@pytest.mark.parametrize(("text", "expected"), DESIGN_ANSWERS)
+@pytest.mark.parametrize(("text", "expected"), ANSWER_EXAMPLES)
 def test_answers_round_trip(text: str, expected: object) -> None:
     _round_trip(text, expected, answer_from_wire)
 
 
-@pytest.mark.parametrize(("text", "expected"), DESIGN_EVENTS)
+@pytest.mark.parametrize(("text", "expected"), EVENT_EXAMPLES)
 def test_events_round_trip(text: str, expected: object) -> None:
     _round_trip(text, expected, event_from_wire)
 
@@ -264,17 +264,17 @@ def test_events_round_trip(text: str, expected: object) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (DESIGN_EVENT_ITEM, EVENT_ITEM),
-        (DESIGN_GAP_ITEM, GAP_ITEM),
-        (DESIGN_READ_MARKER, ReadMarkerItem()),
-        (SEED_GAP_ROW, GAP_ITEM),
+        (EVENT_ITEM_JSON, EVENT_ITEM),
+        (GAP_ITEM_JSON, GAP_ITEM),
+        (READ_MARKER_JSON, ReadMarkerItem()),
+        (GAP_ROW_PRETTY, GAP_ITEM),
     ],
 )
 def test_items_round_trip(text: str, expected: object) -> None:
     _round_trip(text, expected, item_from_wire)
 
 
-@pytest.mark.parametrize(("text", "expected"), DESIGN_DIFFS)
+@pytest.mark.parametrize(("text", "expected"), DIFF_EXAMPLES)
 def test_diffs_round_trip(text: str, expected: object) -> None:
     _round_trip(text, expected, diff_from_wire)
 
@@ -288,10 +288,10 @@ def test_settled_fill_report_is_the_event_payload() -> None:
         phase=RepairPhase.Ready,
         continuity=Continuity.Verified,
     )
-    _round_trip(SEED_SETTLED_FILL, report, report_from_wire)
+    _round_trip(SETTLED_FILL_PRETTY, report, report_from_wire)
     # HistoryRepairChanged is a newtype variant: the report's fields sit under the tag.
     assert to_wire(HistoryRepairChanged(report)) == {
-        "HistoryRepairChanged": json.loads(SEED_SETTLED_FILL)
+        "HistoryRepairChanged": json.loads(SETTLED_FILL_PRETTY)
     }
 
 

@@ -19,8 +19,9 @@ from tests.integration.test_history_synapse import retain_all, server_history
 pytestmark = [pytest.mark.synapse, pytest.mark.slow]
 
 # The child: open the store, start the fill, print one line per committed page (each
-# page's TimelineChanged is published after its transaction committed), and hold every
-# /messages request a little so the parent can kill it between pages.
+# page's TimelineChanged is published after its transaction committed). Its transport
+# lets the fill's first two /messages requests through and holds every later one for
+# good, so the fill commits exactly two pages and then waits: the parent kills it there.
 DRIVER = r"""
 import asyncio, json, sys
 import httpx
@@ -30,27 +31,33 @@ from gapline.storage import KdfParams
 
 args = json.loads(sys.argv[1])
 
-class Slow(httpx.AsyncBaseTransport):
+class TwoPages(httpx.AsyncBaseTransport):
     def __init__(self):
         self.inner = httpx.AsyncHTTPTransport()
+        self.allowed = None  # no limit until the fill starts
     async def handle_async_request(self, request):
-        if request.url.path.endswith("/messages"):
-            await asyncio.sleep(0.4)
+        if request.url.path.endswith("/messages") and self.allowed is not None:
+            if self.allowed == 0:
+                await asyncio.Event().wait()  # held until the process is killed
+            self.allowed -= 1
         return await self.inner.handle_async_request(request)
 
 class Lines:
+    counting = False
     async def publish(self, event):
-        if isinstance(event, TimelineChanged):
+        if self.counting and isinstance(event, TimelineChanged):
             print("page", flush=True)
 
 async def main():
     session = Session.from_dict(args["session"])
-    async with MatrixClient(session.homeserver, session=session, transport=Slow()) as client:
+    transport, lines = TwoPages(), Lines()
+    async with MatrixClient(session.homeserver, session=session, transport=transport) as client:
         async with Engine.open(args["store"], client, passphrase=args["passphrase"],
-                               sink=Lines(), sync=False, kdf_cost=KdfParams.cheap()) as engine:
+                               sink=lines, sync=False, kdf_cost=KdfParams.cheap()) as engine:
             await engine.execute(OpenRoom(args["room"]))
             await engine.execute(HistoryRepair(Cancel(args["room"])))
             print("ready", flush=True)
+            transport.allowed, lines.counting = 2, True
             await engine.execute(HistoryRepair(FillGap(args["room"], args["gap"])))
             print("finished", flush=True)
 

@@ -35,6 +35,7 @@ from gapline.history import (
 from gapline.matrix import MatrixClient, SyncResponse
 from tests.history.test_engine_support import (
     NO_RETRY,
+    HoldingTransport,
     assert_mirror_matches,
     event_ids,
     gap_rows,
@@ -45,19 +46,17 @@ pytestmark = pytest.mark.synapse
 
 
 class Traffic(httpx.AsyncBaseTransport):
-    """A real HTTP transport that counts completed requests and can hold ``/messages``."""
+    """A real HTTP transport that counts completed requests and can hold one in flight."""
 
     def __init__(self) -> None:
-        self.inner = httpx.AsyncHTTPTransport()
+        self.inner = HoldingTransport(httpx.AsyncHTTPTransport())
+        self.hold = self.inner.hold
         self.completed: list[str] = []
-        self.messages_delay = 0.0
         self.messages_started = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/messages"):
             self.messages_started += 1
-            if self.messages_delay:
-                await asyncio.sleep(self.messages_delay)
         response = await self.inner.handle_async_request(request)
         body = await response.aread()
         self.completed.append(request.url.path)
@@ -303,19 +302,21 @@ async def test_room_busy_and_cancel_during_fill_keeps_pages_across_restart(tmp_p
         async with open_engine(tmp_path, client) as h:
             await settle(h, room)
             gap_id = await make_gap(h, synapse_kit, alice, room, 300)
-            # Overlaps with a running recent load.
-            traffic.messages_delay = 0.3
+            # Overlaps with a running recent load, held on its first page.
+            first_page = traffic.hold("/messages")
             recent = asyncio.create_task(h.engine.execute(HistoryRepair(RetryRecent(room))))
-            await asyncio.sleep(0.1)
+            await first_page.arrived.wait()
             assert await h.engine.execute(HistoryRepair(FillGap(room, gap_id))) == RoomBusy()
             assert await h.engine.execute(PaginateBackwards(room)) == RoomBusy()
+            # Released, the load goes on only once this task yields: the retry joins it.
+            first_page.release()
             assert await h.engine.execute(HistoryRepair(RetryRecent(room))) == await recent
             [gap] = gap_rows(h.engine.timeline(room).state.items)
-            # Overlaps with a running fill, then Cancel it after its first page.
-            started = traffic.messages_started
+            # Overlaps with a running fill, then Cancel it after its first page: the
+            # second page, asked for while the first commits, is held for good.
+            second_page = traffic.hold("/messages", on_call=2)
             fill = asyncio.create_task(h.engine.execute(HistoryRepair(FillGap(room, gap.id))))
-            while traffic.messages_started < started + 2:  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+            await second_page.arrived.wait()
             assert await h.engine.execute(HistoryRepair(RetryRecent(room))) == RoomBusy()
             assert await h.engine.execute(HistoryRepair(FillGap(room, gap.id))) == RoomBusy()
             assert await h.engine.execute(HistoryRepair(Cancel(room))) == Ok()

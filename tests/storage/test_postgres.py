@@ -17,6 +17,7 @@ from gapline.storage import (
     IntegrityError,
     OperationalError,
     open_backend,
+    tune_sqlite_writer,
 )
 from gapline.storage._postgres import (
     _connect,
@@ -77,6 +78,16 @@ async def test_collation_of_an_icu_database_differs_from_byte_order(make_postgre
     finally:
         await backend.close()
     assert [row[0] for row in ordered] == ["a", "A", "b", "B"]  # byte order: A B a b
+
+
+async def test_tune_sqlite_writer_leaves_postgres_alone(postgres_dsn: str) -> None:
+    backend = await open_backend(postgres_dsn)
+    try:
+        # A PRAGMA is a syntax error on PostgreSQL: reaching it would raise.
+        await tune_sqlite_writer(backend, cache_kib=4096, wal_autocheckpoint_pages=2048)
+        assert await backend.write(lambda tx: tx.one("SELECT 1")) == (1,)
+    finally:
+        await backend.close()
 
 
 async def test_an_unreachable_server_is_backend_unavailable(postgres_cluster) -> None:
@@ -409,15 +420,19 @@ async def test_several_writers_keep_the_order_of_awaited_writes(postgres_dsn: st
 
     await asyncio.gather(*(caller(c) for c in range(8)))
     await asyncio.gather(failing(), *(caller(c) for c in range(8, 12)))
-    queued = [
-        asyncio.ensure_future(
-            backend.write(
-                lambda tx, i=i: tx.execute("INSERT INTO o (caller, i) VALUES (99, ?)", (i,))
-            )
+    called: list[int] = []
+    all_called = asyncio.Event()
+
+    async def queued_write(i: int) -> int:
+        called.append(i)
+        if len(called) == 40:
+            all_called.set()
+        return await backend.write(
+            lambda tx: tx.execute("INSERT INTO o (caller, i) VALUES (99, ?)", (i,))
         )
-        for i in range(40)
-    ]
-    await asyncio.sleep(0)  # let every write reach the queue before closing
+
+    queued = [asyncio.create_task(queued_write(i)) for i in range(40)]
+    await all_called.wait()  # every write was asked for before close() is called
     await backend.close()
     assert [f.result() for f in queued] == [1] * 40
     with psycopg.connect(postgres_dsn) as conn:

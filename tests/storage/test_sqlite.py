@@ -13,6 +13,7 @@ from gapline.storage import (
     IntegrityError,
     OperationalError,
     open_backend,
+    tune_sqlite_writer,
 )
 from gapline.storage._sqlite import SQLiteBackend, map_sqlite_error
 from tests.storage.contract import ITEMS, BackendContract, insert, keys
@@ -45,6 +46,24 @@ async def test_pragmas_wal_full_sync_and_busy_timeout(tmp_path: Path) -> None:
         await backend.close()
     assert writer == (("wal",), (2,), (1234,))  # synchronous 2 = FULL
     assert reader == ((1,), (1,))  # synchronous 1 = NORMAL; query_only on
+
+
+async def test_tune_sqlite_writer_sets_the_writer_cache_and_checkpoint_interval(
+    tmp_path: Path,
+) -> None:
+    backend = await open_backend(str(tmp_path / "tuned.db"))
+    try:
+        await tune_sqlite_writer(backend, cache_kib=4096, wal_autocheckpoint_pages=2048)
+        writer = await backend.write(
+            lambda tx: (tx.one("PRAGMA cache_size"), tx.one("PRAGMA wal_autocheckpoint"))
+        )
+        reader = await backend.read(lambda tx: tx.one("PRAGMA cache_size"))
+        again = await backend.write(lambda tx: tx.one("PRAGMA cache_size"))
+    finally:
+        await backend.close()
+    assert writer == ((-4096,), (2048,))  # negative cache_size: KiB, not pages
+    assert again == (-4096,)  # it lasts for the writer connection
+    assert reader != (-4096,)  # readers keep the default
 
 
 @pytest.mark.parametrize(

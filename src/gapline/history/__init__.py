@@ -1,10 +1,17 @@
 """gapline.history: a Matrix client's durable event cache with explicit, durable gaps.
 
-Public names follow seeds/segmented-history.md and DESIGN.md. The vocabulary
-(config, commands, answers, events, timeline items, diffs) lives in
-``_types``; the JSON codec of the wire protocol in ``_wire``; event fan-out in
-``_publish``; the mirror in ``_mirror``; the JSON-lines bridge in ``_bridge``.
-See docs/history.md.
+Public names are the wire protocol's own (docs/history.md). Where things live:
+
+- the protocol: the vocabulary (config, commands, answers, events, timeline
+  items, diffs) in ``_types``; its JSON in ``_wire`` (encoding) and
+  ``_wire_decode`` (strict decoding); event fan-out in ``_publish``; the
+  mirror in ``_mirror``; the JSON-lines bridge in ``_bridge``;
+- the engine: the :class:`Engine` facade in ``_engine``; each room's one
+  operation in ``_operations``, the operations in ``_walks``, a walk's flow in
+  ``_fill`` and its driver in ``_drive``; the sync loop in ``_sync``; the
+  write path in ``_commits``; the rules that change history in ``_sections``,
+  the updates they emit in ``_updates``, the store in ``_cache_store``, the
+  rows a room shows in ``_timeline``.
 """
 
 from gapline.history._bridge import Bridge, CommandExecutor, LineWriter, stream_lines
@@ -64,19 +71,16 @@ from gapline.history._types import (
     apply_diff,
     apply_diffs,
 )
-from gapline.history._wire import (
-    WireError,
+from gapline.history._wire import WireError, dumps, loads, to_wire
+from gapline.history._wire_decode import (
     answer_from_wire,
     command_from_wire,
     diff_from_wire,
-    dumps,
     event_from_wire,
     item_from_wire,
-    loads,
     recent_state_from_wire,
     report_from_wire,
     state_from_wire,
-    to_wire,
 )
 
 __all__ = [

@@ -19,7 +19,7 @@ order their lines were read, and ``OpenRoom``/``CloseRoom`` are barriers for
 their room: a later command for the same room waits until they answered, so a
 client may pipeline ``OpenRoom`` and ``FillGap`` without seeing
 ``RoomNotOpen``. Nothing else is serialised: a second ``FillGap`` overlapping
-a running one still answers ``RoomBusy``, as the seed says.
+a running one still answers ``RoomBusy``, since a room runs one operation at a time.
 
 ``"Shutdown"`` stops reading and is passed to the engine, which interrupts
 running commands (they answer ``Interrupted``) and closes every room, each
@@ -58,7 +58,8 @@ from gapline.history._types import (
     OpenRoom,
     Shutdown,
 )
-from gapline.history._wire import Json, WireError, command_from_wire, dumps, loads, to_wire
+from gapline.history._wire import Json, WireError, dumps, loads, to_wire
+from gapline.history._wire_decode import command_from_wire
 
 __all__ = ["Bridge", "CommandExecutor", "LineWriter", "Request", "parse_request", "stream_lines"]
 
@@ -304,24 +305,33 @@ class Bridge:
     ) -> AsyncGenerator[bytes | None, None]:
         """``lines``, then one ``None`` as soon as the output breaks (even mid-wait)."""
         source = aiter(lines)
-        broken = asyncio.ensure_future(self._writer.wait_broken())
+
+        async def next_line() -> bytes:
+            return await anext(source)
+
+        # Both tasks are owned here: each is awaited, or cancelled and awaited on the
+        # way out, whichever way the generator ends (exhausted, closed, cancelled).
+        broken = asyncio.create_task(self._writer.wait_broken())
+        line: asyncio.Task[bytes] | None = None
         try:
-            while True:
-                if broken.done():
-                    yield None
-                    return
-                line = asyncio.ensure_future(anext(source))
+            while not broken.done():
+                line = asyncio.create_task(next_line())
                 await asyncio.wait({line, broken}, return_when=asyncio.FIRST_COMPLETED)
                 if not line.done():
-                    line.cancel()
-                    yield None
-                    return
+                    line.cancel()  # the output broke while waiting for a line
+                    break
+                read, line = line, None
                 try:
-                    yield line.result()
+                    value = read.result()
                 except StopAsyncIteration:
                     return
+                yield value
+            yield None
         finally:
-            broken.cancel()
+            pending = [task for task in (line, broken) if task is not None]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def _dump_state(self, request_id: int | None, earlier: set[asyncio.Task[None]]) -> None:
         # A barrier: the state shows the outcome of every command read before

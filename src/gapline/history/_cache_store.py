@@ -110,6 +110,9 @@ CREATE TABLE history_sync (
 );
 """
 
+# PostgreSQL runs the same schema with BYTEA for BLOB and ordinary tables for the
+# WITHOUT ROWID ones; every statement below is one text for both. The cache's
+# contract (tests/history/cache_contract.py) runs on each backend.
 HISTORY_MIGRATIONS = [
     Migration(
         1,

@@ -1,6 +1,6 @@
 """The mirror: what a reader of the event stream knows, rebuilt from published events only.
 
-It keeps the seed's ``State.recent_history`` (room -> recent load state; a room
+It keeps the protocol's ``State.recent_history`` (room -> recent load state; a room
 without an entry is idle) and ``State.repairs`` (room -> the last
 ``HistoryRepairReport`` published for it), plus each open room's timeline
 rows. Rules, applied per event in publish order:
@@ -13,7 +13,7 @@ rows. Rules, applied per event in publish order:
   replace the room's entry. ``Idle`` is published exactly when a room closes,
   so it drops everything the mirror holds for the room: the
   ``recent_history`` entry, the ``repairs`` entry and the timeline rows.
-  ("closing a room drops both", seed.)
+  (Closing a room drops both.)
 - ``HistoryRepairChanged``: the report replaces ``repairs[room]`` (the
   ``Bridging`` report, then the settled one).
 

@@ -1,7 +1,7 @@
 """How the engine publishes events: an :class:`EventSink` protocol and a fan-out :class:`Publisher`.
 
-The seed's ordering rule: "a command's answer comes after its outcome is
-published, and after the mirror has applied it when one is attached". The
+The ordering rule: a command's answer comes after its outcome is published,
+and after the mirror has applied it when one is attached. The
 engine keeps it by awaiting ``publisher.publish(event)`` for every event of a
 command's outcome before it resolves that command's answer. ``publish``
 returns only when every sink has taken the event: the mirror has applied it,

@@ -6,7 +6,7 @@ writer (same transaction) and records it; once the transaction commits, the
 engine gives the recorded list to the room's timeline, which turns it into
 diffs. The store and the timeline therefore consume one stream of updates.
 
-Rules held here (DESIGN.md, "The client engine"):
+Rules held here:
 
 - events are deduplicated by event id; an overlap between a page and retained
   history is the only proof of continuity, and the only way a gap goes away;
@@ -15,15 +15,18 @@ Rules held here (DESIGN.md, "The client engine"):
   cursor of its *top*), and no path drops a ``prev_batch``;
 - a walk backwards (recent load, fill, back-pagination) prepends to the
   section it walks, and each page commits its events together with the gap's
-  new cursor.
+  new cursor;
+- a sync's read receipts merge into the retained ones (each user's ``m.read``
+  moves to the event it names), and the fully-read marker moves with them.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from gapline.history._cache_store import CacheStore
 from gapline.history._types import GapLifecycle
@@ -260,6 +263,26 @@ class Sections:
 
     def set_receipts(self, receipts: dict[str, str], fully_read: str | None) -> None:
         self._emit(ReceiptsChanged(tuple(sorted(receipts.items())), fully_read))
+
+    def ingest_receipts(
+        self, receipts: Mapping[str, Mapping[str, Any]], fully_read: str | None
+    ) -> None:
+        """Merge one sync's read receipts and fully-read marker into the retained ones.
+
+        ``receipts`` is ``{event_id: {receipt_type: {user_id: ...}}}``; each user's
+        ``m.read`` receipt moves to the event it names. Nothing is emitted unless a
+        receipt or the marker actually moved.
+        """
+        if not receipts and fully_read is None:
+            return
+        stored, stored_marker = self.store.receipts(self.tx, self.room)
+        merged = dict(stored)
+        for event_id, by_type in receipts.items():
+            readers = by_type.get("m.read")
+            for user in readers if isinstance(readers, dict) else ():
+                merged[user] = event_id
+        if merged != stored or (fully_read is not None and fully_read != stored_marker):
+            self.set_receipts(merged, fully_read)
 
     # -- walks backwards -------------------------------------------------------------------
 

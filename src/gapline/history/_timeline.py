@@ -178,7 +178,7 @@ class Timeline:
         Cancelling the caller does not cut a flush in half: diffs applied here
         are always published, or readers would fall out of line.
         """
-        task = asyncio.ensure_future(self._flush())
+        task = asyncio.create_task(self._flush())  # owned: awaited on every path below
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:

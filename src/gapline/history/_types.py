@@ -1,14 +1,14 @@
 """The public vocabulary of the client engine: config, commands, answers, events, timeline items.
 
-Names, variants and fields follow seeds/segmented-history.md and DESIGN.md
-("The client engine", "Wire protocol") because they cross the wire unchanged:
-`_wire.py` turns each value here into the JSON DESIGN.md pins, and back.
+Names, variants and fields are the wire protocol's own (docs/history.md),
+because they cross the wire unchanged: `_wire.py` turns each value here into
+its pinned JSON, and back. The protocol is written in Rust's (serde's) terms.
 
-How the seed's Rust-style enums are spelled in Python:
+How its Rust-style enums are spelled in Python:
 
 - an enum of unit variants is an :class:`enum.Enum` whose members carry the
   variant name both as attribute and value (``RepairPhase.Ready.value ==
-  "Ready"``), so code reads like the seed;
+  "Ready"``), so code reads like the protocol;
 - an enum with data variants is a union of frozen dataclasses, one per variant
   (``Command = OpenRoom | CloseRoom | ...``); a unit variant is a dataclass
   with no fields (``Ok()``, ``Shutdown()``), so ``match`` works uniformly;
@@ -92,14 +92,15 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:
-    """Tunables of the engine; the defaults are the seed's numbers.
+    """Tunables of the engine; the defaults are the protocol's reference numbers.
 
     ``page_size`` and ``page_budget`` bound a ``FillGap`` (four pages of 50);
     ``recent_pages`` bounds the recent load on open (also four pages of 50);
     ``initial_history_limit`` is the fallback pagination when a recent load
     fails on a room with no events yet; ``open_window`` is how many of the
     newest retained rows an ``OpenRoom`` puts into its ``TimelineReset`` (at
-    least 100 per DESIGN.md; older rows load on ``PaginateBackwards``).
+    least 100, so an opened room always shows a screenful and more; older rows
+    load on ``PaginateBackwards``).
     """
 
     initial_history_limit: int = 20
@@ -119,7 +120,8 @@ class EngineConfig:
             or self.open_window < 100
         ):
             raise ValueError(
-                f"EngineConfig.open_window must be an integer >= 100 (DESIGN.md), "
+                f"EngineConfig.open_window must be an integer >= 100 "
+                f"(an opened room shows at least 100 rows), "
                 f"got {self.open_window!r}"
             )
 

@@ -18,6 +18,7 @@ from gapline.storage._errors import (
     WrongPassphrase,
 )
 from gapline.storage._open import open_backend
+from gapline.storage._tuning import tune_sqlite_writer
 
 __all__ = [
     "Backend",
@@ -38,4 +39,5 @@ __all__ = [
     "change_passphrase",
     "open_backend",
     "open_cipher",
+    "tune_sqlite_writer",
 ]

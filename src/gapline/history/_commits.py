@@ -1,0 +1,71 @@
+"""The one path every write of history takes, and the order timelines see writes in.
+
+:meth:`Commits.run` runs a store operation and queues the updates it returns
+on the open rooms' timelines while holding one lock, so each timeline receives
+updates in commit order. The write and the queueing run in a task of their
+own that the caller awaits through ``asyncio.shield``: a caller cancelled
+mid-write gets its ``CancelledError``, while the write still lands and its
+updates still queue. :class:`Commits` owns those tasks until they end;
+:meth:`Commits.drain` (at engine shutdown) waits for the last of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from gapline.history._cache_store import CacheStore
+from gapline.history._operations import Room
+from gapline.history._sections import Sections
+from gapline.history._updates import Update
+from gapline.storage import Tx
+
+__all__ = ["Commits", "HistoryWrite"]
+
+T = TypeVar("T")
+
+HistoryWrite = Callable[[Tx], tuple[T, dict[str, list[Update]]]]
+"""A store operation returning its result and, per room, the updates it committed."""
+
+
+class Commits:
+    """Writes of one store, queued on the timelines of ``rooms`` (the engine's open rooms)."""
+
+    def __init__(self, store: CacheStore, rooms: Mapping[str, Room]) -> None:
+        self._store = store
+        self._rooms = rooms
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def run(self, op: HistoryWrite[T]) -> T:
+        """Run a history write and queue its updates on the open rooms' timelines."""
+
+        async def write() -> T:
+            async with self._lock:
+                result, updates = await self._store.backend.write(op)
+                for room_id, room_updates in updates.items():
+                    room = self._rooms.get(room_id)
+                    if room is not None and room_updates:
+                        room.timeline.queue(room_updates)
+                return result
+
+        task = asyncio.create_task(write())  # owned: kept in _tasks until done, drained
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(task)
+
+    async def room_write(self, room_id: str, fn: Callable[[Sections], T]) -> T:
+        """Change one room's sections and gaps (``fn`` runs inside the write transaction)."""
+
+        def op(tx: Tx) -> tuple[T, dict[str, list[Update]]]:
+            sections = Sections(self._store, tx, room_id)
+            result = fn(sections)
+            return result, {room_id: sections.updates}
+
+        return await self.run(op)
+
+    async def drain(self) -> None:
+        """Wait until every write started so far has ended (its outcome is its caller's)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

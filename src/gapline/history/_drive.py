@@ -1,0 +1,117 @@
+"""The driver of a backwards walk: the I/O around :func:`gapline.history._fill.backwards_walk`.
+
+The flow decides; :func:`drive` carries out its effects with the two functions
+it is given, ``fetch`` (a ``/messages`` page) and ``commit`` (a page into the
+store), and keeps the :class:`~gapline.history._sections.WalkState` from one
+committed page to the next. What the driver guarantees:
+
+- while a page commits, the next page (the flow's ``prefetch``) is already
+  being fetched, so a walk costs about its round trips; a prefetch the flow
+  does not ask for (the walk ended) is cancelled;
+- a failed fetch or commit is thrown into the flow as :class:`WalkFailed`,
+  with a message a user can read, and the flow settles its outcome;
+- cancelling the driving task is thrown into the flow as
+  :class:`WalkCancelled` and becomes an outcome, not an error; a page whose
+  commit was under way still lands and is counted first;
+- every committed page is flushed to the room's timeline before the next
+  effect runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from gapline.history._failures import describe
+from gapline.history._fill import Commit, Fetch, WalkCancelled, WalkFailed, WalkFlow, WalkOutcome
+from gapline.history._operations import uncancel
+from gapline.history._sections import PageResult, WalkState
+from gapline.matrix import MatrixError, MessagesResponse, Request
+from gapline.storage import StorageError
+
+__all__ = ["CommitPage", "FetchPage", "drive"]
+
+FetchPage = Callable[[Request], Coroutine[Any, Any, MessagesResponse]]
+"""Send one ``/messages`` request; raises ``MatrixError`` when the server fails."""
+
+CommitPage = Callable[[WalkState, Commit], Coroutine[Any, Any, PageResult]]
+"""Commit one page from where the walk stands; raises ``StorageError`` when the store fails."""
+
+
+async def _discard(task: asyncio.Task[MessagesResponse]) -> None:
+    """Cancel a prefetch nobody will read, and wait until it is gone."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, MatrixError):
+        await task
+
+
+async def drive(
+    flow: WalkFlow,
+    state: WalkState,
+    *,
+    fetch: FetchPage,
+    commit: CommitPage,
+    flush: Callable[[], Awaitable[None]],
+) -> WalkOutcome:
+    """Run a walk: fetch each page, commit it, flush it; cancellation becomes an outcome."""
+    # The prefetched request and its task. Owned here: it is read by the next
+    # Fetch, or cancelled and awaited (a stale one at once, the last one on exit).
+    ahead: tuple[Request, asyncio.Task[MessagesResponse]] | None = None
+    try:
+        effect = next(flow)
+        while True:
+            try:
+                if isinstance(effect, Fetch):
+                    try:
+                        if ahead is not None and ahead[0] == effect.request:
+                            task, ahead = ahead[1], None
+                            page = await task
+                        else:
+                            if ahead is not None:
+                                stale, ahead = ahead[1], None
+                                await _discard(stale)
+                            page = await fetch(effect.request)
+                    except MatrixError as exc:
+                        effect = flow.throw(WalkFailed(describe(exc)))
+                        continue
+                    effect = flow.send(page)
+                else:
+                    assert isinstance(effect, Commit)
+                    if effect.prefetch is not None:
+                        ahead = (effect.prefetch, asyncio.create_task(fetch(effect.prefetch)))
+                    # Owned here: awaited on every path, through the shield and,
+                    # when this task is cancelled meanwhile, once more below.
+                    committing = asyncio.create_task(commit(state, effect))
+                    try:
+                        result = await asyncio.shield(committing)
+                    except asyncio.CancelledError:
+                        # The page is committed whatever happens: count it, then stop.
+                        result = await committing
+                        state = result.state
+                        try:
+                            flow.send(result)
+                        except StopIteration as stop:
+                            uncancel()
+                            return stop.value
+                        raise
+                    except StorageError as exc:
+                        effect = flow.throw(WalkFailed(describe(exc)))
+                        continue
+                    state = result.state
+                    # The flow counts the page before anything else can be cancelled.
+                    effect = flow.send(result)
+                    await flush()
+            except asyncio.CancelledError:
+                uncancel()
+                try:
+                    flow.throw(WalkCancelled())
+                except StopIteration as stop:
+                    return stop.value
+                raise AssertionError("a walk must end when it is cancelled") from None
+    except StopIteration as stop:
+        return stop.value
+    finally:
+        if ahead is not None:
+            await _discard(ahead[1])

@@ -1,0 +1,124 @@
+"""The sync loop and ingestion: each ``/sync`` answer committed with its token, then shown.
+
+:func:`commit_sync` places every joined room's events, gaps and receipts
+(through :class:`~gapline.history._sections.Sections`) and writes
+``next_batch`` in the same transaction, so a crash can never persist a token
+whose events were lost. :class:`Sync` runs one ``/sync`` at a time from the
+stored token, commits it, flushes the open rooms it touched, and keeps which
+rooms the account has joined (an ``OpenRoom`` of a room never joined fails).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gapline.history._cache_store import CacheStore
+from gapline.history._commits import Commits
+from gapline.history._failures import describe
+from gapline.history._sections import Sections
+from gapline.history._updates import Update
+from gapline.matrix import MatrixClient, MatrixError, SyncResponse, UnknownToken
+from gapline.storage import StorageError, Tx
+
+__all__ = ["Sync", "commit_sync"]
+
+log = logging.getLogger("gapline.history")
+
+FIRST_RETRY_S = 0.5
+LAST_RETRY_S = 30.0
+
+
+def commit_sync(
+    store: CacheStore, tx: Tx, response: SyncResponse
+) -> tuple[None, dict[str, list[Update]]]:
+    """Commit one sync answer: every joined room's events, gaps and receipts, then its token."""
+    out: dict[str, list[Update]] = {}
+    for room_id, joined in response.rooms.join.items():
+        sections = Sections(store, tx, room_id)
+        timeline = joined.timeline
+        sections.ingest_sync(
+            timeline.events, limited=timeline.limited, prev_batch=timeline.prev_batch
+        )
+        sections.ingest_receipts(joined.receipts, joined.fully_read)
+        out[room_id] = sections.updates
+    store.put_sync_token(tx, response.next_batch)
+    return None, out
+
+
+class Sync:
+    """One account's ``/sync``: single calls, ingestion of any answer, and the loop."""
+
+    def __init__(
+        self,
+        store: CacheStore,
+        client: MatrixClient | None,
+        commits: Commits,
+        flush_room: Callable[[str], Awaitable[None]],
+        *,
+        timeline_limit: int | None,
+        timeout_ms: int,
+    ) -> None:
+        self._store = store
+        self._client = client
+        self._commits = commits
+        self._flush_room = flush_room
+        self._filter: dict[str, Any] | None = (
+            None if timeline_limit is None else {"room": {"timeline": {"limit": timeline_limit}}}
+        )
+        self._timeout_ms = timeout_ms
+        self.joined: set[str] | None = None  # None until a sync told us
+        self._synced = asyncio.Condition()
+        self.count = 0
+        self.error: str | None = None
+
+    async def once(
+        self, *, timeout_ms: int = 0, since: str | None = None, initial: bool = False
+    ) -> SyncResponse:
+        """One ``/sync`` from the stored token (or ``since``; ``initial``: from nothing),
+        committed and flushed to the open timelines."""
+        assert self._client is not None
+        token = since if since is not None else await self._store.sync_token()
+        if initial:
+            token = None
+        response = await self._client.sync(since=token, timeout_ms=timeout_ms, filter=self._filter)
+        await self.ingest(response)
+        return response
+
+    async def ingest(self, response: SyncResponse) -> None:
+        """Commit one sync answer (see :func:`commit_sync`) and show it in the open rooms."""
+        await self._commits.run(lambda tx: commit_sync(self._store, tx, response))
+        joined = set(response.rooms.join)
+        self.joined = (
+            joined if self.joined is None else (self.joined | joined) - set(response.rooms.leave)
+        )
+        for room_id in response.rooms.join:
+            await self._flush_room(room_id)
+        async with self._synced:
+            self.count += 1
+            self._synced.notify_all()
+
+    async def wait(self, count: int) -> None:
+        """Wait until ``count`` syncs were committed in total."""
+        async with self._synced:
+            await self._synced.wait_for(lambda: self.count >= count)
+
+    async def run(self) -> None:
+        """Sync until cancelled; back off on failures, stop for good on a revoked session."""
+        delay = FIRST_RETRY_S
+        while True:
+            try:
+                await self.once(timeout_ms=self._timeout_ms)
+                delay = FIRST_RETRY_S
+                self.error = None
+            except UnknownToken as exc:
+                self.error = describe(exc)
+                log.error("sync stopped: %s", self.error)
+                return
+            except (MatrixError, StorageError) as exc:
+                self.error = describe(exc)
+                log.warning("sync failed, retrying in %.1fs: %s", delay, self.error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, LAST_RETRY_S)

@@ -1,0 +1,348 @@
+"""The three history operations, each a walk backwards: the recent load, a fill, a back-pagination.
+
+Each runs in its room's one operation slot (``_operations``), drives
+:func:`~gapline.history._fill.backwards_walk` with :func:`~gapline.history._drive.drive`
+(pages fetched from the homeserver, committed through ``_commits``), and
+settles its outcome before it answers:
+
+- the recent load (on ``OpenRoom`` and ``RetryRecent``) publishes
+  ``Loading`` then ``Loaded``, ``Cancelled`` or ``Failed(message)``; a failed
+  load on a room with no events falls back to a few events from its top;
+- a fill (``FillGap``) publishes a ``Bridging`` report, then one settled
+  report; the gap's lifecycle follows the outcome (``Paused``, ``Failed``,
+  ``Unavailable``, or the gap is gone once continuity is proven);
+- a back-pagination (``PaginateBackwards``) first shows retained rows older
+  than the window, then walks the top of the room for what is still missing.
+
+The answer is returned only after the outcome was published and the room's
+timeline flushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+
+from gapline.history._cache_store import CacheStore
+from gapline.history._commits import Commits
+from gapline.history._drive import drive
+from gapline.history._failures import describe
+from gapline.history._fill import Commit, WalkEnd, WalkFlow, WalkOutcome, backwards_walk
+from gapline.history._operations import (
+    Operation,
+    OperationKind,
+    Operations,
+    Room,
+    shielded,
+    uncancel,
+)
+from gapline.history._sections import PageResult, WalkState
+from gapline.history._types import (
+    Answer,
+    Continuity,
+    EngineConfig,
+    Event,
+    EventNotFound,
+    Failed,
+    GapLifecycle,
+    HistoryRepairChanged,
+    HistoryRepairReport,
+    Interrupted,
+    Ok,
+    RecentHistoryChanged,
+    RecentHistoryState,
+    RepairPhase,
+    RepairStop,
+    RoomBusy,
+)
+from gapline.matrix import MatrixClient, MessagesResponse, Request
+from gapline.storage import StorageError
+
+__all__ = ["OFFLINE", "Walks"]
+
+log = logging.getLogger("gapline.history")
+
+OFFLINE = "no homeserver client: the engine runs offline"
+
+
+class Walks:
+    """The recent load, fills and back-paginations of the engine's open rooms."""
+
+    def __init__(
+        self,
+        *,
+        store: CacheStore,
+        client: MatrixClient | None,
+        config: EngineConfig,
+        publish: Callable[[Event], Awaitable[None]],
+        rooms: Mapping[str, Room],
+        commits: Commits,
+        operations: Operations,
+    ) -> None:
+        self._store = store
+        self._client = client
+        self._config = config
+        self._publish = publish
+        self._rooms = rooms
+        self._commits = commits
+        self._ops = operations
+
+    async def _drive(
+        self, room: Room, flow: WalkFlow, state: WalkState, *, pause_at_budget: bool = False
+    ) -> WalkOutcome:
+        """Drive ``flow`` over the homeserver and the store; ``pause_at_budget``: the page
+        that spends the budget also pauses the gap, in its own transaction."""
+        client = self._client
+        assert client is not None
+
+        async def fetch(request: Request) -> MessagesResponse:
+            return await client.request(request, MessagesResponse)
+
+        async def commit(at: WalkState, effect: Commit) -> PageResult:
+            then = GapLifecycle.Paused if pause_at_budget and effect.last else None
+            return await self._commits.room_write(
+                room.room_id, lambda s: s.walk_page(at, effect.chunk, effect.end, then=then)
+            )
+
+        return await drive(
+            flow, state, fetch=fetch, commit=commit, flush=room.timeline.flush_history
+        )
+
+    # -- recent load -----------------------------------------------------------------------
+
+    async def _set_recent(self, room: Room, state: RecentHistoryState) -> None:
+        if room.room_id not in self._rooms:
+            return
+        room.recent = state
+        await self._publish(RecentHistoryChanged(room.room_id, state))
+
+    async def start_recent(self, room: Room) -> Operation:
+        """Start the room's recent load (its slot must be free); returns without waiting."""
+
+        async def early() -> Answer:
+            await self._set_recent(room, RecentHistoryState.CANCELLED)
+            return Interrupted()
+
+        op = self._ops.reserve(room, OperationKind.RECENT, early)
+        try:
+            await self._set_recent(room, RecentHistoryState.LOADING)
+        finally:
+            self._ops.launch(room, op, lambda: self._recent(room))
+        return op
+
+    async def _recent(self, room: Room) -> Answer:
+        if self._client is None:
+            await self._set_recent(room, RecentHistoryState.failed(OFFLINE))
+            return Failed(OFFLINE)
+        flow = backwards_walk(
+            room.room_id, None, page_size=self._config.page_size, budget=self._config.recent_pages
+        )
+        outcome = await self._drive(room, flow, WalkState())
+        if outcome.end is WalkEnd.Failed and not room.timeline.has_events():
+            await self._initial_fallback(room)
+        return await shielded(self._settle_recent(room, outcome))
+
+    async def _settle_recent(self, room: Room, outcome: WalkOutcome) -> Answer:
+        await room.timeline.flush_history()
+        if outcome.end is WalkEnd.Cancelled:
+            await self._set_recent(room, RecentHistoryState.CANCELLED)
+            return Interrupted()
+        if outcome.end is WalkEnd.Failed:
+            message = outcome.message or "the recent load failed"
+            await self._set_recent(room, RecentHistoryState.failed(message))
+            return Failed(message)
+        await self._set_recent(room, RecentHistoryState.LOADED)
+        return Ok()
+
+    async def _initial_fallback(self, room: Room) -> None:
+        """A failed recent load on a room with no events: paginate a few from its top."""
+        top = await self._store.top_gap(room.room_id)
+        if top is not None and (top.cursor is None or top.lifecycle is GapLifecycle.Unavailable):
+            return
+        state = WalkState(None, None if top is None else top.gap_id)
+        flow = backwards_walk(
+            room.room_id,
+            None if top is None else top.cursor,
+            page_size=self._config.initial_history_limit,
+            budget=1,
+        )
+        outcome = await self._drive(room, flow, state)
+        log.info("initial history fallback for %s: %s", room.room_id, outcome)
+
+    async def retry_recent(self, room: Room) -> Answer:
+        """``RetryRecent``: join a running recent load, or start one."""
+        if room.op is not None:
+            if room.op.kind is OperationKind.RECENT:
+                return await self._ops.answer(room.op)  # join the running load
+            return RoomBusy()
+        op = await self.start_recent(room)
+        return await self._ops.answer(op)
+
+    # -- fill ------------------------------------------------------------------------------
+
+    async def fill_gap(self, room: Room, gap_id: str) -> Answer:
+        """``FillGap``: walk the gap from its cursor for up to the page budget."""
+        room_id = room.room_id
+        gap = await self._store.gap(room_id, gap_id)
+        if gap is None or gap.is_top:
+            return EventNotFound()
+        if gap.lifecycle is GapLifecycle.Unavailable:
+            # Accessible history already ended inside this gap: nothing to ask the server.
+            report = HistoryRepairReport(room_id=room_id, gap_id=gap_id)
+            await self._publish(HistoryRepairChanged(report))
+            await self._publish(
+                HistoryRepairChanged(
+                    HistoryRepairReport(
+                        room_id=room_id,
+                        gap_id=gap_id,
+                        phase=RepairPhase.Paused,
+                        continuity=Continuity.AccessibleStart,
+                        stop=RepairStop.HistoryUnavailable,
+                    )
+                )
+            )
+            return Ok()
+        if room.op is not None:
+            return RoomBusy()
+        if self._client is None:
+            return Failed(OFFLINE)
+
+        async def early() -> Answer:
+            return await self._settle_fill(room, gap_id, WalkOutcome(WalkEnd.Cancelled, 0, 0))
+
+        op = self._ops.reserve(room, OperationKind.FILL, early)
+        launched = False
+        try:
+            # Read the cursor again now that nothing else can move it.
+            current = await self._store.gap(room_id, gap_id)
+            if current is None:
+                return EventNotFound()
+            await self._publish(
+                HistoryRepairChanged(HistoryRepairReport(room_id=room_id, gap_id=gap_id))
+            )
+            self._ops.launch(room, op, lambda: self._fill(room, gap_id, current.cursor))
+            launched = True
+        finally:
+            if not launched:
+                self._ops.abandon(room, op)
+        return await self._ops.answer(op)
+
+    async def _fill(self, room: Room, gap_id: str, cursor: str | None) -> Answer:
+        # The first page finds the gap's newer boundary in its own transaction.
+        state = WalkState(None, gap_id)
+        if cursor is None:
+            outcome = WalkOutcome(
+                WalkEnd.Failed, 0, 0, "this gap has no pagination cursor to fill it from"
+            )
+        else:
+            flow = backwards_walk(
+                room.room_id,
+                cursor,
+                page_size=self._config.page_size,
+                budget=self._config.page_budget,
+            )
+            outcome = await self._drive(room, flow, state, pause_at_budget=True)
+        return await shielded(self._settle_fill(room, gap_id, outcome))
+
+    async def _settle_fill(self, room: Room, gap_id: str, outcome: WalkOutcome) -> Answer:
+        base = HistoryRepairReport(
+            room_id=room.room_id, gap_id=gap_id, pages=outcome.pages, events=outcome.events
+        )
+        lifecycle: GapLifecycle | None = GapLifecycle.Paused
+        failure: str | None = None
+        answer: Answer = Ok()
+        match outcome.end:
+            case WalkEnd.Joined:
+                lifecycle = None
+                report = replace(base, phase=RepairPhase.Ready, continuity=Continuity.Verified)
+            case WalkEnd.Budget:
+                lifecycle = None  # the page that spent the budget paused the gap
+                report = replace(base, phase=RepairPhase.Paused, stop=RepairStop.Budget)
+            case WalkEnd.CursorStalled:
+                report = replace(base, phase=RepairPhase.Paused, stop=RepairStop.CursorStalled)
+            case WalkEnd.StartReached:
+                lifecycle = None  # the last page already made the gap Unavailable
+                report = replace(
+                    base,
+                    phase=RepairPhase.Paused,
+                    continuity=Continuity.AccessibleStart,
+                    stop=RepairStop.HistoryUnavailable,
+                )
+            case WalkEnd.Cancelled:
+                report = replace(base, phase=RepairPhase.Paused, stop=RepairStop.Cancelled)
+                answer = Interrupted()
+            case _:
+                failure = outcome.message or "the fill failed"
+                lifecycle = GapLifecycle.Failed
+                report = replace(base, phase=RepairPhase.Paused, failure=failure)
+                answer = Failed(failure)
+        if lifecycle is not None:
+            with contextlib.suppress(StorageError):
+                await self._commits.room_write(
+                    room.room_id, lambda s: s.set_gap_state(gap_id, lifecycle, failure)
+                )
+        await room.timeline.flush_history()
+        if room.room_id in self._rooms:
+            await self._publish(HistoryRepairChanged(report))
+        return answer
+
+    # -- back-pagination -------------------------------------------------------------------
+
+    async def paginate(self, room: Room, count: int) -> Answer:
+        """``PaginateBackwards``: ``count`` more rows above the window, retained ones first."""
+        if room.op is not None:
+            return RoomBusy()
+
+        async def early() -> Answer:
+            return Interrupted()
+
+        op = self._ops.start(
+            room, OperationKind.PAGINATE, lambda: self._paginate(room, count), early
+        )
+        return await self._ops.answer(op)
+
+    async def _paginate(self, room: Room, count: int) -> Answer:
+        timeline = room.timeline
+        try:
+            await timeline.flush_history()
+            remaining = count
+            if not timeline.complete_below and timeline.low is not None:
+                window = await self._store.load_older(room.room_id, timeline.low, count)
+                if len(window.events) < count:
+                    timeline.complete_below = True
+                await timeline.publish_diffs(timeline.prepend_window(window))
+                remaining -= len(window.events)
+                if remaining <= 0:
+                    return Ok()
+            if self._client is None:
+                return Ok()
+            top = await self._store.top_gap(room.room_id)
+            if top is not None and (
+                top.cursor is None or top.lifecycle is GapLifecycle.Unavailable
+            ):
+                return Ok()  # the top of accessible history is loaded
+            # The first page finds the head of the oldest section in its own transaction.
+            state = WalkState(None, None if top is None else top.gap_id)
+            page_size = min(remaining, self._config.page_size)
+            flow = backwards_walk(
+                room.room_id,
+                None if top is None else top.cursor,
+                page_size=page_size,
+                budget=-(-remaining // page_size),
+            )
+            outcome = await self._drive(room, flow, state)
+        except asyncio.CancelledError:
+            uncancel()
+            await timeline.flush_history()
+            return Interrupted()
+        except StorageError as exc:
+            return Failed(describe(exc))
+        await timeline.flush_history()
+        if outcome.end is WalkEnd.Cancelled:
+            return Interrupted()
+        if outcome.end is WalkEnd.Failed:
+            return Failed(outcome.message or "back-pagination failed")
+        return Ok()

@@ -1,0 +1,301 @@
+"""The history cache's contract (``CacheStore`` with the rules ``Sections`` applies), run on
+every backend: dedup, joins only on overlap, cursors never dropped, durability across reopen.
+
+``CacheStoreContract`` is not collected by itself (its name does not start with
+``Test``); ``test_cache_sqlite.py`` and ``test_cache_postgres.py`` subclass it with
+a ``dsn`` fixture and then delete the name so it is not collected twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from gapline.history._cache_store import CacheStore
+from gapline.history._sections import Sections, WalkState
+from gapline.history._types import GapLifecycle
+from gapline.history._updates import (
+    EventsAdded,
+    GapAdded,
+    GapChanged,
+    GapRemoved,
+    ReceiptsChanged,
+)
+from gapline.matrix import ClientEvent
+from gapline.storage import Backend, KdfParams, open_backend, open_cipher
+
+ROOM = "!room:example.org"
+
+OpenStore = Callable[[], Awaitable[CacheStore]]
+"""Open the cache on the test's database (again: a reopen reads what was committed)."""
+
+
+def ev(n: int | str, kind: str = "m.room.message") -> ClientEvent:
+    return ClientEvent(
+        event_id=f"$e{n}",
+        type=kind,
+        sender="@a:example.org",
+        origin_server_ts=int(n) if isinstance(n, int) else 0,
+        content={"body": f"b{n}"},
+    )
+
+
+async def write(store: CacheStore, fn: Callable[[Sections], Any]) -> Any:
+    def op(tx):
+        sections = Sections(store, tx, ROOM)
+        return fn(sections), sections.updates
+
+    return await store.backend.write(op)
+
+
+async def ids(store: CacheStore) -> list[str]:
+    return [e.event_id for e in await store.all_events(ROOM)]
+
+
+async def open_cache(dsn: str) -> CacheStore:
+    backend = await open_backend(dsn)
+    cipher = await open_cipher(backend, "pw", kdf_cost=KdfParams.cheap())
+    return await CacheStore.open(backend, cipher)
+
+
+class CacheStoreContract:
+    """Subclass with a ``dsn`` fixture naming a fresh database of one backend."""
+
+    @pytest.fixture
+    def dsn(self) -> str:
+        raise NotImplementedError("a backend's test module provides the database")
+
+    @pytest.fixture
+    async def open_store(self, dsn: str) -> AsyncIterator[OpenStore]:
+        opened: list[Backend] = []
+
+        async def open_store() -> CacheStore:
+            store = await open_cache(dsn)
+            opened.append(store.backend)
+            return store
+
+        yield open_store
+        for backend in opened:  # closing twice is harmless; a test may close early
+            await backend.close()
+
+    async def test_history_survives_reopen(self, open_store: OpenStore) -> None:
+        store = await open_store()
+        await write(
+            store, lambda s: s.ingest_sync([ev(i) for i in range(5)], limited=True, prev_batch="p1")
+        )
+        await write(
+            store,
+            lambda s: s.ingest_sync([ev(i) for i in range(20, 25)], limited=True, prev_batch="p2"),
+        )
+        gaps_before = await store.all_gaps(ROOM)
+        await store.backend.close()
+        store = await open_store()
+        assert await ids(store) == [f"$e{i}" for i in (*range(5), *range(20, 25))]
+        assert await store.all_gaps(ROOM) == gaps_before
+        [top, middle] = gaps_before
+        assert (top.is_top, top.cursor) == (True, "p1")
+        assert (middle.older_boundary, middle.newer_boundary, middle.cursor) == (
+            "$e4",
+            "$e20",
+            "p2",
+        )
+        await store.backend.close()
+
+    async def test_sync_dedups_and_appends_when_not_limited(self, open_store: OpenStore) -> None:
+        store = await open_store()
+        await write(store, lambda s: s.ingest_sync([ev(1), ev(2)], limited=False, prev_batch="p"))
+        _, updates = await write(
+            store, lambda s: s.ingest_sync([ev(2), ev(3), ev(3)], limited=False, prev_batch="q")
+        )
+        assert await ids(store) == ["$e1", "$e2", "$e3"]
+        assert [type(u) for u in updates] == [EventsAdded]
+        # A limited sync whose oldest events overlap the newest retained one is continuous.
+        _, updates = await write(
+            store, lambda s: s.ingest_sync([ev(3), ev(4)], limited=True, prev_batch="r")
+        )
+        assert [type(u) for u in updates] == [EventsAdded]
+        assert len(await store.all_gaps(ROOM)) == 1  # just the top
+        await store.backend.close()
+
+    async def test_walk_fills_then_joins_on_overlap_only(self, open_store: OpenStore) -> None:
+        store = await open_store()
+        await write(
+            store, lambda s: s.ingest_sync([ev(i) for i in range(3)], limited=True, prev_batch="p")
+        )
+        await write(
+            store,
+            lambda s: s.ingest_sync([ev(i) for i in range(10, 12)], limited=True, prev_batch="c0"),
+        )
+        [_, gap] = await store.all_gaps(ROOM)
+        # Page 1 (newest first): 9..6, nothing retained: the gap stays, its boundary moves.
+        result, updates = await write(
+            store,
+            lambda s: s.walk_page(
+                WalkState(None, gap.gap_id), [ev(i) for i in range(9, 5, -1)], "c1"
+            ),
+        )
+        assert (result.inserted, result.joined, result.start_reached) == (4, False, False)
+        assert [type(u) for u in updates] == [EventsAdded, GapChanged]
+        [_, gap] = await store.all_gaps(ROOM)
+        assert (gap.newer_boundary, gap.cursor) == ("$e6", "c1")
+        # Page 2: 5..3 new, then 2 is retained below: joined, gap removed.
+        result, updates = await write(
+            store, lambda s: s.walk_page(result.state, [ev(i) for i in range(5, 0, -1)], "c2")
+        )
+        assert (result.inserted, result.joined) == (3, True)
+        assert [type(u) for u in updates] == [EventsAdded, GapRemoved]
+        assert await ids(store) == [f"$e{i}" for i in range(12)]
+        assert [g.is_top for g in await store.all_gaps(ROOM)] == [True]
+        await store.backend.close()
+
+    async def test_walk_reaching_creation_makes_gap_unavailable(
+        self, open_store: OpenStore
+    ) -> None:
+        store = await open_store()
+        await write(store, lambda s: s.ingest_sync([ev("x")], limited=False, prev_batch=None))
+        await write(store, lambda s: s.ingest_sync([ev(10)], limited=True, prev_batch="c0"))
+        [_, gap] = await store.all_gaps(ROOM)
+        result, _ = await write(
+            store,
+            lambda s: s.walk_page(
+                WalkState(None, gap.gap_id), [ev(9), ev(8, "m.room.create")], "still-a-token"
+            ),
+        )
+        assert result.start_reached and not result.joined
+        [_, gap] = await store.all_gaps(ROOM)
+        assert (gap.lifecycle, gap.cursor) == (GapLifecycle.Unavailable, None)
+        await store.backend.close()
+
+    async def test_recent_walk_creates_a_section_and_gap_in_one_page(
+        self, open_store: OpenStore
+    ) -> None:
+        store = await open_store()
+        await write(store, lambda s: s.ingest_sync([ev(1), ev(2)], limited=True, prev_batch="p"))
+        result, updates = await write(
+            store, lambda s: s.walk_page(WalkState(), [ev(i) for i in range(60, 50, -1)], "c1")
+        )
+        assert [type(u) for u in updates] == [EventsAdded, GapAdded]
+        gap = result.gap
+        assert gap is not None and (gap.older_boundary, gap.newer_boundary, gap.cursor) == (
+            "$e2",
+            "$e51",
+            "c1",
+        )
+        # A later recent walk meeting the newest event walks on to that gap: the cursor of a
+        # page that ended above the gap's boundary is not the gap's cursor.
+        result, updates = await write(store, lambda s: s.walk_page(WalkState(), [ev(60)], "z"))
+        assert not result.joined and updates == []
+        assert result.state.anchor == (gap.newer_ord, -9)
+        assert [g.cursor for g in await store.all_gaps(ROOM)] == ["p", "c1"]
+
+    async def test_recent_walk_meeting_continuous_history_is_done(
+        self, open_store: OpenStore
+    ) -> None:
+        store = await open_store()
+        await write(store, lambda s: s.ingest_sync([ev(1), ev(2)], limited=True, prev_batch="p"))
+        result, updates = await write(
+            store, lambda s: s.walk_page(WalkState(), [ev(2), ev(1)], "z")
+        )
+        assert result.joined and updates == []
+        await store.backend.close()
+
+    async def test_sync_after_a_recent_load_places_older_events_before_shared_ones(
+        self, open_store: OpenStore
+    ) -> None:
+        """A recent load committed the newest events first; the first (limited) sync then
+        brings older events followed by those same events. The older ones go *before* them,
+        and the sync's prev_batch becomes the cursor of the gap below (the top here)."""
+        store = await open_store()
+        await write(
+            store, lambda s: s.walk_page(WalkState(), [ev(i) for i in range(9, 4, -1)], "w1")
+        )
+        await write(
+            store,
+            lambda s: s.ingest_sync([ev(i) for i in range(1, 10)], limited=True, prev_batch="p"),
+        )
+        assert await ids(store) == [f"$e{i}" for i in range(1, 10)]
+        [top] = await store.all_gaps(ROOM)
+        assert (top.is_top, top.newer_boundary, top.cursor) == (True, "$e1", "p")
+        await store.backend.close()
+
+    async def test_sync_neighbours_across_a_gap_close_it(self, open_store: OpenStore) -> None:
+        store = await open_store()
+        await write(store, lambda s: s.ingest_sync([ev(1), ev(2)], limited=True, prev_batch="p"))
+        await write(store, lambda s: s.ingest_sync([ev(5), ev(6)], limited=True, prev_batch="q"))
+        assert len(await store.all_gaps(ROOM)) == 2
+        # A later sync shows 2, 3, 4, 5 in a row: 3 and 4 fill the gap, which is proven closed.
+        _, updates = await write(
+            store,
+            lambda s: s.ingest_sync([ev(i) for i in range(2, 7)], limited=True, prev_batch="r"),
+        )
+        assert await ids(store) == [f"$e{i}" for i in range(1, 7)]
+        assert [g.is_top for g in await store.all_gaps(ROOM)] == [True]
+        assert [type(u) for u in updates] == [EventsAdded, GapChanged, GapRemoved]
+        await store.backend.close()
+
+    async def test_reads_writes_receipts_and_the_sync_token(self, open_store: OpenStore) -> None:
+        """Windows, older rows, a walk that joins, receipts and the sync token, end to end."""
+        store = await open_store()
+        await write(
+            store, lambda s: s.ingest_sync([ev(i) for i in range(3)], limited=True, prev_batch="p")
+        )
+        await write(
+            store,
+            lambda s: s.ingest_sync([ev(i) for i in range(10, 12)], limited=True, prev_batch="c0"),
+        )
+        [_, gap] = await store.all_gaps(ROOM)
+        result, _ = await write(
+            store,
+            lambda s: s.walk_page(
+                WalkState(None, gap.gap_id), [ev(i) for i in range(9, 5, -1)], "c1"
+            ),
+        )
+        assert not result.joined
+        window = await store.load_window(ROOM, 100)
+        assert [e.event_id for e in window.events] == [
+            f"$e{i}" for i in (0, 1, 2, 6, 7, 8, 9, 10, 11)
+        ]
+        assert [(g.older_boundary, g.newer_boundary, g.cursor) for g in window.gaps] == [
+            ("$e2", "$e6", "c1")
+        ]
+        older = await store.load_older(ROOM, window.events[3].key, 2)
+        assert [e.event_id for e in older.events] == ["$e1", "$e2"]
+        result, _ = await write(
+            store, lambda s: s.walk_page(result.state, [ev(5), ev(4), ev(3), ev(2)], "c2")
+        )
+        assert result.joined
+        assert await ids(store) == [f"$e{i}" for i in range(12)]
+        await write(store, lambda s: s.set_receipts({"@b:x": "$e3"}, "$e4"))
+        assert (await store.load_window(ROOM, 5)).receipts == {"@b:x": "$e3"}
+        await store.backend.write(lambda tx: store.put_sync_token(tx, "s9"))
+        assert await store.sync_token() == "s9"
+
+    async def test_sync_receipts_merge_and_emit_only_when_something_moved(
+        self, open_store: OpenStore
+    ) -> None:
+        store = await open_store()
+        await write(store, lambda s: s.ingest_sync([ev(1), ev(2)], limited=False, prev_batch=None))
+        _, updates = await write(
+            store, lambda s: s.ingest_receipts({"$e1": {"m.read": {"@b:x": {"ts": 1}}}}, None)
+        )
+        assert updates == [ReceiptsChanged((("@b:x", "$e1"),), None)]
+        # Another reader, and @b moves on: merged with what was retained.
+        _, updates = await write(
+            store,
+            lambda s: s.ingest_receipts({"$e2": {"m.read": {"@b:x": {}, "@c:x": {}}}}, "$e2"),
+        )
+        assert updates == [ReceiptsChanged((("@b:x", "$e2"), ("@c:x", "$e2")), "$e2")]
+        window = await store.load_window(ROOM, 5)
+        assert (window.receipts, window.fully_read) == ({"@b:x": "$e2", "@c:x": "$e2"}, "$e2")
+        # The same again moves nothing; a receipt of another type is not a read receipt.
+        _, updates = await write(
+            store,
+            lambda s: s.ingest_receipts(
+                {"$e2": {"m.read": {"@c:x": {}}}, "$e1": {"m.read.private": {"@d:x": {}}}}, "$e2"
+            ),
+        )
+        assert updates == []
+        _, updates = await write(store, lambda s: s.ingest_receipts({}, None))
+        assert updates == []
