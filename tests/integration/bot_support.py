@@ -7,16 +7,18 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
+
 from gapline.journal import Bot, BotConfig, Handler, JournalStore, TurnState, echo
 from gapline.journal._progress import STREAM_STATUS_KEY
 from gapline.matrix import ClientEvent, MatrixClient, Session
 from gapline.storage import open_backend
+from tests.activity import Activity
 
 T = TypeVar("T")
 
@@ -26,15 +28,12 @@ PASSWORD = "password"
 async def eventually(
     probe: Callable[[], Awaitable[T | None]], *, within: float = 60.0, what: str = "condition"
 ) -> T:
-    """Poll ``probe`` until it returns something other than None/False."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
+    """Wait until ``probe`` returns something other than None/False.
+
+    It is re-checked whenever a bot of this test did something: answered a request or
+    committed a write (:func:`running_bot`), or wrote a log line (:func:`bot_process`).
+    """
+    return await Activity.current().until(probe, what=what, within=within)
 
 
 @contextlib.asynccontextmanager
@@ -48,6 +47,8 @@ async def running_bot(
     timeline_limit: int = 100,
     sidecar_limit: int = 16_000,
 ) -> AsyncGenerator[Bot]:
+    activity = Activity.current()
+    backend = await open_backend(store)
     bot = Bot(
         BotConfig(
             homeserver=homeserver,
@@ -58,7 +59,9 @@ async def running_bot(
             allow_inviters=allow,
             sync_timeline_limit=timeline_limit,
             sidecar_limit=sidecar_limit,
-        )
+        ),
+        backend=activity.backend(backend),
+        transport=activity.transport(httpx.AsyncHTTPTransport()),
     )
     task = asyncio.create_task(bot.run())
     try:
@@ -76,6 +79,7 @@ async def running_bot(
             raise AssertionError("the bot did not stop within 30 s of being cancelled")
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await backend.close()
 
 
 def bot_process(
@@ -87,14 +91,14 @@ def bot_process(
     log_path: Path,
     extra_env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """``gapline bot`` as a subprocess (what the crash matrix kills)."""
+    """``gapline bot`` as a subprocess (what the crash matrix kills); its log goes to
+    ``log_path``, each line a signal for :func:`eventually`."""
     env = dict(os.environ)
     env.pop("GAPLINE_FAULT", None)
     if fault is not None:
         env["GAPLINE_FAULT"] = fault
     env.update(extra_env or {})
-    log = log_path.open("ab")
-    return subprocess.Popen(
+    process = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -112,9 +116,12 @@ def bot_process(
             "echo",
         ],
         stdout=subprocess.DEVNULL,
-        stderr=log,
+        stderr=subprocess.PIPE,
         env=env,
     )
+    assert process.stderr is not None
+    Activity.current().pump(process.stderr, log_path.open("ab"))
+    return process
 
 
 async def wait_joined(client: MatrixClient, room_id: str, user_id: str) -> None:

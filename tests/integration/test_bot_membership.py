@@ -1,4 +1,4 @@
-"""Membership fences against Synapse: every departure applied exactly once (contract 8)."""
+"""Membership fences against Synapse: every departure applied exactly once."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The journal store's contract, run unchanged on every backend (STYLE.md section 2).
+"""The journal store's contract, run unchanged on every backend.
 
 ``JournalContract`` is not collected itself (no ``Test`` prefix); ``test_sqlite.py``
 and ``test_postgres.py`` subclass it with a ``journal_backend`` fixture. Each rule of

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,19 +27,16 @@ from gapline.journal import (
 )
 from gapline.matrix import ClientEvent, UnknownToken
 from gapline.matrix.testing import FakeHomeserver
+from gapline.storage import open_backend
+from tests.activity import Activity
 
 T = TypeVar("T")
 
 
 async def eventually(probe: Callable[[], Awaitable[T]], what: str, within: float = 20) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    """Wait until ``probe`` holds, re-checked whenever the bot (wired by :func:`bot_on`)
+    answered a request or committed a write."""
+    return await Activity.current().until(probe, what=what, within=within)
 
 
 @contextlib.asynccontextmanager
@@ -48,6 +44,8 @@ async def bot_on(
     fake: FakeHomeserver, store: Path, *, handler: Handler = echo, **config: Any
 ) -> AsyncGenerator[Bot]:
     fake.register("bot")
+    activity = Activity.current()
+    backend = await open_backend(str(store))
     bot = Bot(
         BotConfig(
             homeserver=fake.base_url,
@@ -57,7 +55,8 @@ async def bot_on(
             handler=handler,
             **config,
         ),
-        transport=fake.transport,
+        backend=activity.backend(backend),
+        transport=activity.transport(fake.transport),
     )
     task = asyncio.create_task(bot.run())
     try:
@@ -71,6 +70,7 @@ async def bot_on(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await backend.close()
 
 
 def bot_events(fake: FakeHomeserver, room: str) -> list[ClientEvent]:
@@ -271,7 +271,7 @@ async def test_a_handler_reads_the_conversation_of_its_message(tmp_path: Path) -
         await eventually(lambda: answered(second), "the second answer")
     # The conversation is the room's, oldest first, including the triggering message.
     # (It also holds this turn's own placeholder reply: its logical identity is
-    # persisted from the start, contract 4; only progress edits are transport.)
+    # persisted from the start; only progress edits are transport.)
     assert "first" in seen[0]
     # By the second turn the first answer is projected at its final body, and no
     # progress text was ever in the projection.

@@ -1,9 +1,9 @@
-"""Hydration walks (contract 6) on the fake homeserver, projected into a real SQLite journal."""
+"""Hydration walks on the fake homeserver, projected into a real SQLite journal."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +11,14 @@ import pytest
 
 from gapline.journal import (
     STREAM_STATUS_KEY,
+    ChunkOutcome,
     ConversationKey,
+    Coverage,
     DepartureSource,
     HydrationBounds,
     HydrationFailed,
     Hydrator,
+    InboundEvent,
     JournalStore,
     PrincipalJournal,
     RecursionNotHonoured,
@@ -25,14 +28,9 @@ from gapline.journal._hydration import fetch_relation_tree, fetch_thread
 from gapline.matrix import ClientEvent, MessagesResponse, RelationsResponse
 from gapline.matrix.testing import FakeHomeserver
 from gapline.storage import open_backend
+from tests.activity import Gate
 
 BOT = "@bot:example.org"
-
-
-async def walked_pages(fake: FakeHomeserver, pages: int) -> None:
-    async with asyncio.timeout(10):
-        while len([r for r in fake.requests if r.endpoint == "messages"]) < pages:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
 
 
 def never_progress(event: ClientEvent) -> bool:
@@ -197,15 +195,48 @@ async def test_thread_hydration_drops_own_progress_edits(journal: PrincipalJourn
     assert [r.body for r in page.rows] == ["r0", "echo: r0"]
 
 
+class ColdTogether:
+    """The journal as a hydrator sees it, except that its first ``readers`` coverage
+    reads answer only once all of them were asked: those readers find the room cold
+    at the same moment, so the second can only share the first one's walk."""
+
+    def __init__(self, journal: PrincipalJournal, *, readers: int) -> None:
+        self._journal = journal
+        self._barrier = asyncio.Barrier(readers)
+        self._first = readers
+
+    async def epoch(self, room_id: str) -> int:
+        return await self._journal.epoch(room_id)
+
+    async def project_chunk(
+        self, room_id: str, events: Sequence[InboundEvent], *, expected_epoch: int
+    ) -> ChunkOutcome:
+        return await self._journal.project_chunk(room_id, events, expected_epoch=expected_epoch)
+
+    async def publish_coverage(
+        self, key: ConversationKey, *, reached_start: bool, messages: int, expected_epoch: int
+    ) -> bool:
+        return await self._journal.publish_coverage(
+            key, reached_start=reached_start, messages=messages, expected_epoch=expected_epoch
+        )
+
+    async def coverage(self, key: ConversationKey) -> Coverage | None:
+        coverage = await self._journal.coverage(key)
+        if self._first > 0:
+            self._first -= 1
+            await self._barrier.wait()
+        return coverage
+
+
 async def test_concurrent_first_readers_share_one_room_walk(journal: PrincipalJournal) -> None:
     fake = FakeHomeserver()
     fake.register("alice")
     alice = fake.user_id("alice")
     room = fake.create_room(alice, members=[BOT])
     fake.send_messages(alice, room, [f"m{i}" for i in range(30)])
-    fake.stall("messages", seconds=0.05, times=None)
     async with fake.client(fake.register("bot")) as client:
-        hydrator = Hydrator(journal, client, BOT, room_bounds=HydrationBounds(page_size=10))
+        view = ColdTogether(journal, readers=2)
+        hydrator = Hydrator(view, client, BOT, room_bounds=HydrationBounds(page_size=10))
         key = ConversationKey(room)
         first, second = await asyncio.gather(hydrator.ensure(key), hydrator.ensure(key))
         walked = len([r for r in fake.requests if r.endpoint == "messages"])
@@ -226,12 +257,13 @@ async def test_an_epoch_advance_during_hydration_publishes_no_coverage(
     alice = fake.user_id("alice")
     room = fake.create_room(alice, members=[BOT])
     fake.send_messages(alice, room, [f"m{i}" for i in range(30)])
-    fake.stall("messages", seconds=0.2, on_call=2, times=1)
-    async with fake.client(fake.register("bot")) as client:
+    gate = Gate(fake.transport, "messages", call=2)
+    async with fake.client(fake.register("bot"), transport=gate) as client:
         hydrator = Hydrator(journal, client, BOT, room_bounds=HydrationBounds(page_size=10))
         walk = asyncio.create_task(hydrator.ensure(ConversationKey(room)))
-        await walked_pages(fake, 2)
+        await gate.arrived.wait()  # the first page is projected, the second in flight
         await journal.fence_departure(room, source=DepartureSource.LOCAL)
+        gate.release()
         with pytest.raises(HydrationFailed):
             await walk
     assert await journal.coverage(ConversationKey(room)) is None

@@ -1,9 +1,10 @@
-"""The point refetch (contract 7) and strict/non-strict reads, on the fake homeserver."""
+"""The point refetch and strict/non-strict reads, on the fake homeserver."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,13 @@ from gapline.journal import (
     PointRefetcher,
     PrincipalJournal,
     Provenance,
+    RefreshDebt,
     StaleConversation,
 )
 from gapline.journal._ingress import inbound_event
 from gapline.matrix.testing import FakeHomeserver
 from gapline.storage import open_backend
+from tests.activity import Gate
 
 BOT = "@bot:example.org"
 
@@ -90,6 +93,23 @@ async def damaged_scene(journal: PrincipalJournal) -> Scene:
     return scene
 
 
+@dataclass
+class CountingRefetcher(PointRefetcher):
+    """A refetcher that signals once ``expected`` callers wait on its refetches."""
+
+    expected: int = 1
+    callers: int = 0
+    all_waiting: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def refetch(self, debt: RefreshDebt) -> bool:
+        self.callers += 1
+        if self.callers >= self.expected:
+            self.all_waiting.set()
+        # Joining the shared task happens before the first await below, so every
+        # counted caller already waits on it when the signal is seen.
+        return await super().refetch(debt)
+
+
 def requests(fake: FakeHomeserver, endpoint: str) -> int:
     return len([r for r in fake.requests if r.endpoint == endpoint])
 
@@ -109,11 +129,21 @@ async def test_concurrent_strict_reads_share_one_refetch_and_get_the_server_revi
     journal: PrincipalJournal,
 ) -> None:
     scene = await damaged_scene(journal)
-    scene.fake.stall("event", seconds=0.1)
-    async with scene.fake.client(scene.fake.register("bot")) as client:
-        reader = ConversationReader(journal, refetcher=PointRefetcher(journal, client, BOT))
-        pages = await asyncio.gather(
-            *(reader.read(ConversationKey(scene.room), limit=10, strict=True) for _ in range(3))
+    # The server's answer is held until all three readers wait on the refetch.
+    gate = Gate(scene.fake.transport, "event")
+    async with scene.fake.client(scene.fake.register("bot"), transport=gate) as client:
+        refetcher = CountingRefetcher(journal, client, BOT, expected=3)
+        reader = ConversationReader(journal, refetcher=refetcher)
+
+        async def release_once_all_wait() -> None:
+            await refetcher.all_waiting.wait()
+            gate.release()
+
+        pages, _ = await asyncio.gather(
+            asyncio.gather(
+                *(reader.read(ConversationKey(scene.room), limit=10, strict=True) for _ in range(3))
+            ),
+            release_once_all_wait(),
         )
     assert requests(scene.fake, "event") == 1
     for page in pages:
@@ -139,12 +169,12 @@ async def test_a_failed_refetch_fails_closed_and_the_next_strict_read_retries(
 
 async def test_a_cancelled_refetch_leaves_the_token(journal: PrincipalJournal) -> None:
     scene = await damaged_scene(journal)
-    scene.fake.stall("event", seconds=5)
-    async with scene.fake.client(scene.fake.register("bot")) as client:
+    gate = Gate(scene.fake.transport, "event")  # never released: the server never answers
+    async with scene.fake.client(scene.fake.register("bot"), transport=gate) as client:
         refetcher = PointRefetcher(journal, client, BOT)
         reader = ConversationReader(journal, refetcher=refetcher)
         read = asyncio.create_task(reader.read(ConversationKey(scene.room), limit=10, strict=True))
-        await asyncio.sleep(0.05)
+        await gate.arrived.wait()  # the refetch is in flight
         read.cancel()
         await refetcher.aclose()
         with pytest.raises(asyncio.CancelledError):
@@ -154,13 +184,14 @@ async def test_a_cancelled_refetch_leaves_the_token(journal: PrincipalJournal) -
 
 async def test_a_newer_edit_wins_over_an_in_flight_refetch(journal: PrincipalJournal) -> None:
     scene = await damaged_scene(journal)
-    scene.fake.stall("event", seconds=0.3)
-    async with scene.fake.client(scene.fake.register("bot")) as client:
+    gate = Gate(scene.fake.transport, "event")
+    async with scene.fake.client(scene.fake.register("bot"), transport=gate) as client:
         reader = ConversationReader(journal, refetcher=PointRefetcher(journal, client, BOT))
         read = asyncio.create_task(reader.read(ConversationKey(scene.room), limit=10, strict=True))
-        await asyncio.sleep(0.05)
+        await gate.arrived.wait()  # the refetch asked the server, which has not answered
         scene.fake.send_event(scene.alice, scene.room, "m.room.message", edit(scene.original, "v3"))
         await scene.admit_new()
+        gate.release()
         page = await read
     assert [r.body for r in page.rows if r.event_id == scene.original] == ["v3"]
 

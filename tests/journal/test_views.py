@@ -1,4 +1,4 @@
-"""The narrow views are enforced by the type checker, not by convention (contract 9).
+"""The narrow views are enforced by the type checker, not by convention.
 
 ty runs over small fixture modules (excluded from the project's normal ty run): the
 in-bounds one must pass, and each collaborator reaching outside its view must fail

@@ -2,13 +2,13 @@
 
 Open a :class:`JournalStore` on a :mod:`gapline.storage` backend and bind it to a
 principal (``store.principal("@bot:example.org")``); collaborators take the narrow
-view they need (``AdmissionView``, ``ReplayView``, ``DeliveryView``, ...). Contract:
-seeds/event-journal-contracts.md; usage: docs/journal.md.
+view they need (``AdmissionView``, ``ReplayView``, ``DeliveryView``, ...). Usage and
+the rules it keeps: docs/journal.md.
 """
 
 from gapline.journal._outbox import transaction_id
 from gapline.journal._progress import PROGRESS_STATUSES, STREAM_STATUS_KEY, is_streaming_progress
-from gapline.journal._projection import SIDECAR_KEY
+from gapline.journal._sidecar import SIDECAR_KEY
 from gapline.journal._store import JournalStore, PrincipalJournal
 from gapline.journal._types import (
     AckOutcome,

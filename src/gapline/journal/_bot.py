@@ -16,7 +16,7 @@ points of `gapline.journal._faults` sit between them):
 2. enqueue the INITIAL placeholder (a reply marked ``pending``) and wait for
    the worker to acknowledge it: the turn now knows the event to edit;
 3. run the handler; each :class:`Progress` is an ``m.replace`` marked
-   ``streaming``, sent directly (transport-only, contract 4);
+   ``streaming``, sent directly (progress is transport only, never journaled);
 4. ``record_result``: the final text is durable in the turn store, so a
    restart never reruns a completed handler;
 5. enqueue the FINAL edit *and* settle the source in one transaction;

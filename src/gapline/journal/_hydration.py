@@ -1,4 +1,5 @@
-"""Hydration (contract 6): filling a cold conversation from the homeserver.
+"""Hydration: filling a cold conversation from the homeserver, bounded by the
+prompt window.
 
 Two walks, both bounded and both counting *logical messages* (an edit is not
 a message):
@@ -19,7 +20,7 @@ really returned): a non-empty page must carry the field at all — a server
 that ignored ``recurse`` omits it — an empty page need not, and no depth
 above zero is ever required.
 
-Self-authored progress edits (contract 4) are dropped here, before anything
+Self-authored progress edits (transport, never content) are dropped here, before anything
 reaches the store, because the relation tree holds every one of them.
 """
 

@@ -5,7 +5,7 @@ The loop takes one ``/sync`` answer, admits each timeline event through the
 only then persists ``next_batch``. A crash in between redelivers the batch;
 admission deduplicates by event id, so nothing is lost and nothing doubles.
 
-Provenance is what the sync answer says, never a local guess (contract 11):
+Provenance is what the sync answer says, never a local guess:
 
 - a timeline event of an incremental sync is ``LIVE``;
 - the timeline of a ``limited`` incremental sync is ``RECOVERED`` (the server
@@ -18,12 +18,13 @@ Provenance is what the sync answer says, never a local guess (contract 11):
 Room-lifecycle state (our own membership) has its own rule and is never
 labelled LIVE/RECOVERED/HISTORY: an invite is a *dispatch* (join or reject,
 per ``--allow-inviter``); a room under ``rooms.leave`` is a *reported
-departure* fenced exactly once (contract 8); our join seen in a room's timeline
+departure* fenced exactly once; our join seen in a room's timeline
 is a baseline record: events before it in the same timeline were sent while
 we were not a member and are admitted as context, never dispatched, and a
 limited timeline that holds our join is not gap-recovered.
 
-Self-authored progress edits (contract 4) are not admitted at all.
+Self-authored progress edits are not admitted at all: streaming progress is
+transport, never conversation content.
 """
 
 from __future__ import annotations
@@ -515,7 +516,7 @@ class Ingress:
         The leave event's id is the report's identity, remembered in the runtime
         state, so a batch redelivered after a crash does not fence twice, and
         two leaves before one sync are two reports, each retiring the report
-        its local leave owes (contract 8).
+        its local leave owes.
         """
         marker = None if leave_event_id is None else f"reported:{leave_event_id}"
         if marker is not None and await self.state.get(marker) is not None:

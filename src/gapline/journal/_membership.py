@@ -1,33 +1,36 @@
-"""Membership epochs and the durable owed-departure-report set (seed contract 8).
+"""Membership epochs and the durable set of owed departure reports.
 
-Exactly-once is durable here, not in-process: a LOCAL leave advances the epoch and
-records one owed report in the same transaction; the REPORTED echo retires one owed
-report instead of advancing again; a REPORTED departure with nothing owed advances. An
-advance that raises rolls back whole (nothing owed is recorded, so the echo advances), a
-restart finds the owed rows, and two leaves before one echo owe two reports.
+Every derived or pending fact is fenced by the room's membership epoch: a departure
+advances it, and the advance drops or settles what was derived under the old one.
 
-PostgreSQL: admission, hydration chunks, refetch installs and enqueue take a shared
-transaction-scoped advisory lock on (principal, room) before checking the epoch; an
-advance takes it exclusively. Under READ COMMITTED that is what stops an admission that
-read the old epoch from committing a projection row after the advance dropped them.
+Each departure is applied exactly once, durably rather than in process: a LOCAL leave
+advances the epoch and records one owed report in the same transaction; its REPORTED
+echo retires one owed report instead of advancing again; a REPORTED departure with
+nothing owed advances. An advance that raises rolls back whole (nothing owed is
+recorded, so the echo advances), a restart finds the owed rows, and two leaves before
+one echo owe two reports.
+
+Every write that checks the epoch first takes the room's shared membership lock and an
+advance takes it exclusively (``_locks``: PostgreSQL only, SQLite has one writer).
 """
 
 from __future__ import annotations
 
+from gapline.journal._locks import lock_room
 from gapline.journal._types import DepartureOutcome, DepartureSource
-from gapline.storage import Dialect, Tx
+from gapline.storage import Tx
 
-__all__ = ["advance_epoch", "current_epoch", "fence_departure", "lock_room"]
+__all__ = [
+    "INTERACTIVE_REACTION",
+    "advance_epoch",
+    "current_epoch",
+    "fence_departure",
+    "retire_owed_departure_reports",
+    "rooms_owing_departure_reports",
+]
 
 # Semantic consumer whose claimed reactions a fence sweeps with the turn-backed events.
 INTERACTIVE_REACTION = "interactive_reaction"
-
-
-def lock_room(tx: Tx, p: str, room_id: str, *, exclusive: bool) -> None:
-    if tx.dialect is not Dialect.POSTGRES:
-        return
-    fn = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
-    tx.one(f"SELECT {fn}(hashtextextended(?, 0))", (f"m {p} {room_id}",))
 
 
 def current_epoch(tx: Tx, p: str, room_id: str) -> int:
@@ -96,3 +99,21 @@ def fence_departure(tx: Tx, p: str, room_id: str, source: DepartureSource) -> De
         (p, room_id, epoch),
     )
     return DepartureOutcome.ADVANCED_OWING_REPORT
+
+
+def rooms_owing_departure_reports(tx: Tx, p: str, limit: int) -> tuple[str, ...]:
+    """Rooms with a LOCAL departure whose REPORTED echo has not been seen."""
+    rows = tx.all(
+        "SELECT DISTINCT room_id FROM journal_owed_departures WHERE principal_id = ?"
+        " ORDER BY room_id LIMIT ?",
+        (p, limit),
+    )
+    return tuple(r[0] for r in rows)
+
+
+def retire_owed_departure_reports(tx: Tx, p: str, room_id: str) -> int:
+    """Drop every owed report for the room (its echo will never come); return how many."""
+    return tx.execute(
+        "DELETE FROM journal_owed_departures WHERE principal_id = ? AND room_id = ?",
+        (p, room_id),
+    )

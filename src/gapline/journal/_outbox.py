@@ -1,10 +1,14 @@
-"""Turns and the deterministic outbox ("Deterministic delivery" in the seed).
+"""Turns and the deterministic outbox.
 
+- The handler's completed result is durable in the turn before the final enqueue, so
+  recovery never reruns a completed call merely to rebuild what it delivers.
 - Transaction ids are derived from (principal, delivery id, stage), so a retry after a
   crash reuses the id and the homeserver collapses it onto the same event.
 - ``enqueue`` creates a row or updates an unattempted one; it refuses a turn admitted
   under an older membership epoch; with ``settle_source`` it settles the turn's source
-  in the same transaction (contract 2: ownership transfers at durable handoff).
+  in the same transaction: the journal owns an event until its answer is durably
+  handed off, so no turn is delivered while its source is pending, or settled with
+  nothing owing it.
 - ``claim`` commits ``attempted`` before any network I/O and returns the exact stored
   row, so an older deterministic transaction Matrix may already have accepted can never
   be followed by different content under the same id.
@@ -16,7 +20,9 @@ from __future__ import annotations
 
 import hashlib
 
-from gapline.journal._membership import current_epoch, lock_room
+from gapline.journal._locks import lock_room
+from gapline.journal._membership import current_epoch
+from gapline.journal._sql_postgres import CLAIM_DELIVERIES_FOR_UPDATE
 from gapline.journal._types import (
     AckOutcome,
     Delivery,
@@ -34,6 +40,7 @@ from gapline.journal._types import (
 from gapline.storage import Dialect, Tx
 
 __all__ = [
+    "CLAIM_DELIVERIES",
     "acknowledge",
     "begin_turn",
     "claim",
@@ -125,9 +132,9 @@ def record_result(tx: Tx, p: str, turn_id: str, result: bytes) -> TurnRecord:
 
 
 def enqueue(
-    tx: Tx, p: str, request: DeliveryRequest, settle_source: bool
-) -> tuple[EnqueueOutcome, str]:
-    """Write the delivery row; returns the outcome and the outbox channel payload."""
+    tx: Tx, p: str, request: DeliveryRequest, settle_source: bool, outbox_channel: str
+) -> EnqueueOutcome:
+    """Write the delivery row; a created or updated row wakes the delivery worker."""
     turn = load_turn(tx, p, request.turn_id)
     if turn is None:
         raise UnknownTurn(request.turn_id)
@@ -135,7 +142,7 @@ def enqueue(
         raise ValueError(f"turn {turn.turn_id} belongs to {turn.room_id}, not {request.room_id}")
     lock_room(tx, p, turn.room_id, exclusive=False)
     if current_epoch(tx, p, turn.room_id) != turn.epoch:
-        return EnqueueOutcome.STALE_EPOCH, ""
+        return EnqueueOutcome.STALE_EPOCH
     if request.stage is DeliveryStage.FINAL and turn.state is TurnState.OPEN:
         raise TurnNotCompleted(turn.turn_id)
     content = _as_bytes(request.content)
@@ -185,7 +192,9 @@ def enqueue(
             " WHERE principal_id = ? AND event_id = ? AND settled = 0",
             (p, turn.source_event_id),
         )
-    return outcome, request.delivery_id
+    if outcome in (EnqueueOutcome.CREATED, EnqueueOutcome.UPDATED):
+        tx.notify(outbox_channel, request.delivery_id)
+    return outcome
 
 
 _DELIVERY_COLUMNS = (
@@ -208,19 +217,23 @@ def _delivery(row: tuple) -> Delivery:
     )
 
 
+CLAIM_DELIVERIES = (
+    "UPDATE journal_outbox SET attempted = 1 WHERE seq IN ("
+    " SELECT seq FROM journal_outbox WHERE principal_id = ? AND acked_event_id IS NULL"
+    f" ORDER BY seq LIMIT ?) RETURNING {_DELIVERY_COLUMNS}"
+)
+"""Mark the oldest unacknowledged rows attempted and return them as stored. PostgreSQL
+twin: ``_sql_postgres.CLAIM_DELIVERIES_FOR_UPDATE`` (the same claim, locking its rows)."""
+
+
 def claim(tx: Tx, p: str, limit: int) -> tuple[Delivery, ...]:
     """Commit ``attempted`` on the oldest unacknowledged rows and return them as stored.
 
     One statement, so a concurrent fence on PostgreSQL either deletes a row before this
     locks it (the row is not returned) or finds it attempted (the row survives).
     """
-    lock = " FOR UPDATE" if tx.dialect is Dialect.POSTGRES else ""
-    rows = tx.all(
-        "UPDATE journal_outbox SET attempted = 1 WHERE seq IN ("
-        " SELECT seq FROM journal_outbox WHERE principal_id = ? AND acked_event_id IS NULL"
-        f" ORDER BY seq LIMIT ?{lock}) RETURNING {_DELIVERY_COLUMNS}",
-        (p, limit),
-    )
+    sql = CLAIM_DELIVERIES_FOR_UPDATE if tx.dialect is Dialect.POSTGRES else CLAIM_DELIVERIES
+    rows = tx.all(sql, (p, limit))
     return tuple(sorted((_delivery(r) for r in rows), key=lambda d: d.seq))
 
 

@@ -1,4 +1,5 @@
-"""Streaming progress is transport-only (seed contract 4).
+"""Streaming progress is transport-only: the bot's own in-progress edits never
+become conversation content.
 
 One pure predicate, applied wherever events are projected (admission and hydration
 both call :func:`gapline.journal._projection.parse_event`, which consults it): a

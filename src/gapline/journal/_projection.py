@@ -1,53 +1,73 @@
 """The visible-message projection: one row per logical message, latest visible body.
 
-Pure parsing (:func:`parse_event`) plus operations on an open transaction, shared by
-admission, hydration and the point refetch so there is exactly one reducer. The rules
-are the seed's "Visible-message projection" and "Redaction" sections:
+Pure parsing (:func:`parse_event`) plus the operations that write the projection inside
+a transaction: admission (:func:`apply_projection`), hydration (:func:`project_chunk`,
+:func:`publish_coverage`) and the point refetch (:func:`install_refetched`) all go
+through this one reducer. Its reads are in ``_projection_reads``. The rules:
 
 - a same-sender edit replaces the row only when ``(origin_server_ts, event_id)`` is
   newer than the current replacement identity (row-value comparison in SQL);
-- an edit that precedes its original is held, one per (target, sender); when the
-  original arrives only its own sender's held edit may apply, then every held edit for
-  the target is deleted;
-- every redaction target is tombstoned before projection; redacting the original
-  deletes the logical message; redacting the visible replacement clears the body and
-  sets a refresh token in the same transaction; a superseded replacement changes nothing;
-- a self-authored streaming progress edit is never projected (contract 4);
-- a sidecar preview without resolved text is stored as a refresh debt (contract 10).
+- an edit that precedes its original is held, one per (target, sender), so another
+  sender's edit can never evict the author's; when the original arrives only its own
+  sender's held edit may apply, then every held edit for the target is deleted;
+- every redaction target is tombstoned before projection, so nothing arriving later
+  resurrects it; redacting the original deletes the logical message; redacting the
+  visible replacement clears the body and sets a refresh token in the same transaction
+  (a redacted revision is never readable); a superseded replacement changes nothing;
+- the bot's own streaming progress edits are never projected (progress is transport);
+- a sidecar preview without its resolved full text is stored as a refresh debt, never
+  as the body: the preview is no revision anyone wrote.
 
-Concurrency on PostgreSQL: several processes may admit for one principal at once, and
-READ COMMITTED would let an original and its early edit each miss the other (the edit
-held forever). Every operation on a logical message therefore takes a transaction-scoped
-advisory lock keyed by (principal, room, event id), in sorted key order so two
-transactions never wait on each other in opposite orders. SQLite has one writer.
+On PostgreSQL every operation on a logical message holds that message's lock (see
+``_locks``); :func:`lock_ids` names the ones an event needs. Admission of an original
+on PostgreSQL runs the same rule in one statement: ``_sql_postgres.ADMIT_ORIGINAL``,
+twin of :data:`PROJECT_ORIGINAL` and :data:`SWEEP_HELD_EDITS` here.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from gapline.journal._locks import lock_messages, lock_room
+from gapline.journal._membership import current_epoch
 from gapline.journal._progress import is_streaming_progress
-from gapline.storage import Dialect, Tx
+from gapline.journal._sidecar import SIDECAR_KEY
+from gapline.journal._types import (
+    ChunkOutcome,
+    ConversationKey,
+    InboundEvent,
+    Revision,
+    encode_thread_id,
+)
+from gapline.storage import Tx
 
 __all__ = [
-    "SIDECAR_KEY",
+    "APPLY_HELD_EDIT",
+    "MAX_CHUNK_EVENTS",
+    "PROJECT_ORIGINAL",
+    "SWEEP_HELD_EDITS",
     "ParsedEvent",
     "ParsedKind",
+    "apply_authors_held_edit",
     "apply_projection",
-    "install_revision",
+    "install_refetched",
     "lock_ids",
-    "lock_messages",
     "parse_content",
     "parse_event",
+    "parse_inbound",
+    "project_chunk",
+    "publish_coverage",
+    "refetched_body",
     "visible_body",
 ]
 
-SIDECAR_KEY = "io.gapline.sidecar"
-"""Key in visible content marking a preview whose full text lives in a sidecar."""
+MAX_CHUNK_EVENTS = 1000
+"""Bound of one :func:`project_chunk` transaction: hydration commits in bounded steps."""
 
 _decoder = msgspec.json.Decoder()
 
@@ -79,7 +99,8 @@ def parse_content(content: str | bytes) -> dict[str, Any] | None:
 
 
 def visible_body(visible: dict[str, Any], resolved_text: str | None) -> str | None:
-    """The text the projection may store: resolved full text only (contract 10)."""
+    """The text the projection may store: for a sidecar preview, its resolved full text
+    only (None, a refresh debt, while unresolved)."""
     if SIDECAR_KEY in visible:
         return resolved_text
     body = visible.get("body")
@@ -125,7 +146,19 @@ def parse_event(
     return ParsedEvent(ParsedKind.ORIGINAL, body=visible_body(parsed, resolved_text))
 
 
-# -- transaction operations -------------------------------------------------------------
+def parse_inbound(principal_id: str, event: InboundEvent) -> ParsedEvent:
+    """:func:`parse_event` of an inbound envelope."""
+    return parse_event(
+        principal_id,
+        sender=event.sender,
+        type=event.type,
+        content=event.content,
+        redacts=event.redacts,
+        resolved_text=event.resolved_text,
+    )
+
+
+# -- the reducer -----------------------------------------------------------------------
 
 
 def lock_ids(parsed: ParsedEvent, event_id: str) -> tuple[str, ...]:
@@ -139,50 +172,6 @@ def lock_ids(parsed: ParsedEvent, event_id: str) -> tuple[str, ...]:
         assert parsed.target is not None
         return (parsed.target,)
     return ()
-
-
-def lock_messages(
-    tx: Tx,
-    principal_id: str,
-    room_id: str,
-    event_ids: tuple[str, ...],
-    *,
-    room_shared: bool = False,
-) -> None:
-    """Serialise operations on these logical messages across PostgreSQL sessions.
-
-    One round trip: with ``room_shared`` it first takes the room's shared membership
-    lock (see ``_membership.lock_room``), then the message locks in sorted key order.
-    It must be its own statement: a READ COMMITTED statement's snapshot predates any
-    lock it waits for, so the checks that rely on the lock come in later statements
-    (``tx.one_after`` may still carry both in one round trip).
-    """
-    if tx.dialect is not Dialect.POSTGRES:
-        return
-    for statement in lock_statements(principal_id, room_id, event_ids, room_shared=room_shared):
-        tx.one(*statement)
-
-
-def lock_statements(
-    principal_id: str,
-    room_id: str,
-    event_ids: tuple[str, ...],
-    *,
-    room_shared: bool = False,
-) -> list[tuple[str, tuple[str, ...]]]:
-    """The PostgreSQL statements :func:`lock_messages` runs, for ``tx.one_after``."""
-    calls: list[str] = []
-    keys: list[str] = []
-    if room_shared:
-        calls.append("pg_advisory_xact_lock_shared(hashtextextended(?, 0))")
-        keys.append(f"m {principal_id} {room_id}")
-    for key in sorted({f"e {principal_id} {room_id} {e}" for e in event_ids}):
-        calls.append("pg_advisory_xact_lock(hashtextextended(?, 0))")
-        keys.append(key)
-    return [  # a hydration chunk may name thousands
-        ("SELECT " + ", ".join(calls[start : start + 500]), tuple(keys[start : start + 500]))
-        for start in range(0, len(calls), 500)
-    ]
 
 
 def _tombstoned(tx: Tx, p: str, room_id: str, *event_ids: str) -> bool:
@@ -228,6 +217,31 @@ def apply_projection(
         _apply_redaction(tx, p, event_id, room_id, parsed.target, token)
 
 
+PROJECT_ORIGINAL = (
+    "INSERT INTO journal_messages (principal_id, room_id, thread_id, created_ts,"
+    " logical_event_id, sender, body, edited, rev_ts, rev_event_id, refresh_token)"
+    " SELECT ?, ?, ?, ?, ?, ?, ?, 0, 0, '', ? WHERE NOT EXISTS (SELECT 1 FROM journal_tombstones"
+    " WHERE principal_id = ? AND room_id = ? AND event_id = ?) ON CONFLICT DO NOTHING"
+)
+"""An original's row, unless its event is tombstoned (the check rides in the insert:
+one statement on the hot path) or already projected (hydration and sync both deliver).
+PostgreSQL twin: the ``m`` step of ``_sql_postgres.ADMIT_ORIGINAL``."""
+
+SWEEP_HELD_EDITS = (
+    "DELETE FROM journal_held_edits WHERE principal_id = ? AND room_id = ? AND target_event_id = ?"
+    " RETURNING sender, edit_ts, edit_event_id, body, refresh_token"
+)
+"""Every held edit of an original that was just projected goes, whoever sent it; the
+rows come back for :func:`apply_authors_held_edit`. PostgreSQL twin: the ``h`` step of
+``_sql_postgres.ADMIT_ORIGINAL``."""
+
+APPLY_HELD_EDIT = (
+    "UPDATE journal_messages SET body = ?, edited = 1, rev_ts = ?, rev_event_id = ?,"
+    " refresh_token = ? WHERE principal_id = ? AND room_id = ? AND logical_event_id = ?"
+)
+"""The author's held edit becomes the visible revision (both admission forms run it)."""
+
+
 def _apply_original(
     tx: Tx,
     p: str,
@@ -240,28 +254,25 @@ def _apply_original(
     token: str,
 ) -> None:
     debt = None if parsed.body is not None else token
-    # The tombstone check rides in the insert: one statement on the hot path.
     inserted = tx.execute(
-        "INSERT INTO journal_messages (principal_id, room_id, thread_id, created_ts,"
-        " logical_event_id, sender, body, edited, rev_ts, rev_event_id, refresh_token)"
-        " SELECT ?, ?, ?, ?, ?, ?, ?, 0, 0, '', ? WHERE NOT EXISTS (SELECT 1 FROM journal_tombstones"
-        " WHERE principal_id = ? AND room_id = ? AND event_id = ?) ON CONFLICT DO NOTHING",
+        PROJECT_ORIGINAL,
         (p, room_id, thread_id, ts, event_id, sender, parsed.body, debt, p, room_id, event_id),
     )
     if inserted != 1:
-        return  # redacted already, or already projected (hydration and sync both deliver)
-    # Every held edit for this target goes, whoever sent it: only the author's may apply.
-    held = tx.all(
-        "DELETE FROM journal_held_edits WHERE principal_id = ? AND room_id = ? AND target_event_id = ?"
-        " RETURNING sender, edit_ts, edit_event_id, body, refresh_token",
-        (p, room_id, event_id),
-    )
+        return
+    held = tx.all(SWEEP_HELD_EDITS, (p, room_id, event_id))
+    apply_authors_held_edit(tx, p, room_id, event_id, sender, held)
+
+
+def apply_authors_held_edit(
+    tx: Tx, p: str, room_id: str, event_id: str, sender: str, held: Iterable[Sequence[Any]]
+) -> None:
+    """Of the swept held edits (``SWEEP_HELD_EDITS`` rows), only the original's own
+    sender's may apply."""
     for held_sender, edit_ts, edit_id, body, held_token in held:
         if held_sender == sender:
             tx.execute(
-                "UPDATE journal_messages SET body = ?, edited = 1, rev_ts = ?, rev_event_id = ?,"
-                " refresh_token = ? WHERE principal_id = ? AND room_id = ? AND logical_event_id = ?",
-                (body, edit_ts, edit_id, held_token, p, room_id, event_id),
+                APPLY_HELD_EDIT, (body, int(edit_ts), edit_id, held_token, p, room_id, event_id)
             )
 
 
@@ -338,7 +349,109 @@ def _apply_redaction(
     )
 
 
-def install_revision(
+# -- hydration -----------------------------------------------------------------------------
+
+
+def project_chunk(
+    tx: Tx,
+    p: str,
+    room_id: str,
+    events: Sequence[tuple[InboundEvent, ParsedEvent]],
+    locks: Iterable[str],
+    expected_epoch: int,
+) -> ChunkOutcome:
+    """Project one bounded chunk of fetched history in one epoch-checked transaction,
+    through the same reducer as admission. Nothing is journaled: hydrated history is
+    projected, never kept raw.
+
+    ``locks`` are every message lock of the chunk at once, taken in the one global
+    (sorted) order admission also uses, so a chunk and an admission never deadlock.
+    """
+    lock_messages(tx, p, room_id, locks, room_shared=True)
+    if current_epoch(tx, p, room_id) != expected_epoch:
+        return ChunkOutcome.STALE_EPOCH
+    for event, parsed in events:
+        if parsed.kind is ParsedKind.OTHER:
+            continue
+        apply_projection(
+            tx,
+            p,
+            event_id=event.event_id,
+            room_id=room_id,
+            thread_id=encode_thread_id(event.thread_id),
+            sender=event.sender,
+            origin_server_ts=event.origin_server_ts,
+            parsed=parsed,
+            token=f"h{event.event_id}",
+        )
+    return ChunkOutcome.PROJECTED
+
+
+def publish_coverage(
+    tx: Tx, p: str, key: ConversationKey, reached_start: bool, messages: int, expected_epoch: int
+) -> bool:
+    """Hydration's final transaction: the coverage marker, published only once every
+    chunk committed. False (nothing written) if the epoch moved."""
+    lock_room(tx, p, key.room_id, exclusive=False)
+    if current_epoch(tx, p, key.room_id) != expected_epoch:
+        return False
+    tx.execute(
+        "INSERT INTO journal_coverage (principal_id, room_id, thread_id, epoch,"
+        " reached_start, messages) VALUES (?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (principal_id, room_id, thread_id) DO UPDATE SET"
+        " epoch = excluded.epoch, reached_start = excluded.reached_start,"
+        " messages = excluded.messages",
+        (
+            p,
+            key.room_id,
+            encode_thread_id(key.thread_id),
+            expected_epoch,
+            int(reached_start),
+            messages,
+        ),
+    )
+    return True
+
+
+# -- the point refetch ---------------------------------------------------------------------
+
+
+def refetched_body(revision: Revision | None) -> str | None:
+    """The body a refetched revision may install (pure: parsed before the transaction)."""
+    if revision is None:
+        return None
+    visible = parse_content(revision.content)
+    return None if visible is None else visible_body(visible, revision.resolved_text)
+
+
+def install_refetched(
+    tx: Tx,
+    p: str,
+    room_id: str,
+    logical_event_id: str,
+    revision: Revision | None,
+    body: str | None,
+    expected_epoch: int,
+    expected_refresh_token: str,
+) -> bool:
+    """Install the server's revision only if the epoch and the exact token still match;
+    a newer edit or redaction changed the token, so an older refetch cannot win."""
+    lock_room(tx, p, room_id, exclusive=False)
+    if current_epoch(tx, p, room_id) != expected_epoch:
+        return False
+    return _install_revision(
+        tx,
+        p,
+        room_id=room_id,
+        logical_event_id=logical_event_id,
+        revision_event_id=None if revision is None else revision.event_id,
+        revision_ts=0 if revision is None else revision.origin_server_ts,
+        body=body,
+        expected_token=expected_refresh_token,
+    )
+
+
+def _install_revision(
     tx: Tx,
     p: str,
     *,

@@ -1,4 +1,4 @@
-"""The point refetch (contract 7): the one deliberate history repair.
+"""The point refetch: the one deliberate history repair.
 
 When the visible revision of a message is redacted, admission clears its body
 and leaves a durable refresh token. A strict read then asks the server for the

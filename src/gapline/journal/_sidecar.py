@@ -1,4 +1,4 @@
-"""Large messages (contract 10): a preview body plus the full text as an attachment.
+"""Large messages: a preview body plus the full text as an attachment.
 
 A reply longer than the configured limit is sent with a short preview in
 ``body`` and the whole text uploaded as ``text/plain`` media, referenced under

@@ -1,8 +1,7 @@
 """The journal's vocabulary: envelopes, keys, cursors, outcomes.
 
 Nothing here names a principal. The principal-bound store view supplies it, so an
-envelope or a key can never point a caller at another bot's rows (seed: "Principal
-ownership").
+envelope or a key can never point a caller at another bot's rows.
 """
 
 from __future__ import annotations
@@ -126,7 +125,7 @@ class EventKind(enum.Enum):
 
 
 class Provenance(enum.Enum):
-    """How nio/sync classified the event (contract 11); recorded, never inferred."""
+    """How the sync answer classified the event; recorded, never inferred locally."""
 
     LIVE = "live"
     RECOVERED = "recovered"
@@ -141,7 +140,8 @@ class InboundEvent:
     ``thread_id`` is the thread root for a threaded event, None otherwise.
     ``redacts`` is the redaction target for room versions that carry it at the top
     level (v11 keeps it in content, which is read too). ``resolved_text`` is the
-    resolved sidecar plaintext when the content is a sidecar preview (contract 10).
+    resolved sidecar plaintext when the content is a sidecar preview (the projection
+    stores only that, never the preview).
     """
 
     event_id: str

@@ -1,4 +1,4 @@
-"""Narrow structural views of one principal's journal (seed contract 9).
+"""Narrow structural views of one principal's journal.
 
 Each collaborator takes the slice it calls, and ty enforces it: a hydrator holding a
 :class:`HydrationView` that reaches for ``enqueue`` fails the type check before any
@@ -111,7 +111,7 @@ class HydrationView(Protocol):
 
 
 class RefetchView(Protocol):
-    """The point refetch (contract 7): install only if epoch and token still match."""
+    """The point refetch: install only if epoch and token still match."""
 
     async def epoch(self, room_id: str) -> int: ...
 
@@ -129,7 +129,7 @@ class RefetchView(Protocol):
 
 
 class MembershipView(Protocol):
-    """Membership fences (contract 8), exactly once across restarts."""
+    """Membership fences, each departure applied exactly once across restarts."""
 
     async def epoch(self, room_id: str) -> int: ...
 

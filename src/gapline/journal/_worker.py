@@ -1,7 +1,7 @@
 """The delivery worker and the shapes of an answer on the wire.
 
-The worker holds only a :class:`DeliveryView`. Its loop is the seed's
-"Deterministic delivery" rule, in order, with a crash point between each step:
+The worker holds only a :class:`DeliveryView`. Its loop delivers deterministically,
+in order, with a crash point between each step:
 
 1. ``claim`` commits ``attempted`` before any network I/O. From here the
    payload, target and transaction id are frozen.
@@ -17,7 +17,7 @@ and it is retried with the same payload and transaction id after a backoff.
 Answer contents: the INITIAL stage is a placeholder reply (``m.in_reply_to``
 the source, inside its thread when it has one) marked ``pending``; progress
 edits are ``m.replace`` marked ``streaming`` and are sent directly, never
-through the outbox (contract 4: transport-only); the FINAL stage is an
+through the outbox (progress is transport, never durable); the FINAL stage is an
 ``m.replace`` marked ``complete``, the only revision the projection keeps.
 """
 
