@@ -1,0 +1,135 @@
+"""Machines talking through the in-memory `KeyServer`: peers, rooms, a shared clock.
+
+``Peer`` wraps one `CryptoMachine` the way a client engine would: after every
+step it takes the changes (kept in ``peer.saved``), then sends the outgoing
+requests to the key server and reports the answers. ``Room`` hands out event
+IDs and keeps the timeline as `ClientEvent` values.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from gapline.e2ee import (
+    Changes,
+    CryptoMachine,
+    DecryptedEvent,
+    KeyUpdates,
+    ShareReport,
+    ShareState,
+    UnableToDecrypt,
+    merge_updates,
+)
+from gapline.matrix import ClientEvent
+
+from .keyserver import KeyServer
+
+
+class Clock:
+    def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
+        self.now = start_ms
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms
+
+
+@dataclass
+class Room:
+    room_id: str
+    members: set[str] = field(default_factory=set)
+    events: list[ClientEvent] = field(default_factory=list)
+    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    def add(self, sender: str, event_type: str, content: dict[str, Any]) -> ClientEvent:
+        event = ClientEvent(event_id=f"$ev{next(self._ids)}", type=event_type, sender=sender,
+                            origin_server_ts=1, content=content)  # fmt: skip
+        self.events.append(event)
+        return event
+
+
+class Peer:
+    def __init__(self, server: KeyServer, user_id: str, device_id: str, clock: Clock,
+                 store_key: bytes | None = None) -> None:  # fmt: skip
+        self.server = server
+        self.clock = clock
+        self.store_key = store_key or os.urandom(32)
+        self.machine = CryptoMachine.create(self.store_key, user_id, device_id, clock=clock)
+        self.saved: list[Changes] = []
+        server.register(user_id, device_id)
+
+    @property
+    def me(self) -> tuple[str, str]:
+        return (self.machine.user_id, self.machine.device_id)
+
+    def commit(self) -> Changes:
+        changes = self.machine.take_changes()
+        self.saved.append(changes)
+        return changes
+
+    def pump(self, rounds: int = 8) -> KeyUpdates:
+        """Send every outgoing request to the server and report the answers."""
+        self.commit()
+        updates = []
+        for _ in range(rounds):
+            requests = self.machine.outgoing_requests()
+            if not requests:
+                break
+            for req in requests:
+                answer = self.server.handle(self.me, req.request, req.response_type)
+                updates.append(self.machine.mark_request_as_sent(req.request_id, answer))
+                self.commit()
+        return merge_updates(*updates)
+
+    def sync(self) -> KeyUpdates:
+        updates = self.machine.receive_sync(self.server.sync(*self.me))
+        self.commit()
+        return merge_updates(updates, self.pump())
+
+    def join(self, room: Room, content: dict[str, Any] | None = None) -> None:
+        room.members.add(self.machine.user_id)
+        self.machine.set_room_encryption(
+            room.room_id, content or {"algorithm": "m.megolm.v1.aes-sha2"}
+        )
+        self.machine.update_tracked_users(room.members)
+        self.commit()
+
+    def share(self, room: Room) -> ShareReport:
+        for _ in range(6):
+            report = self.machine.share_room_key(room.room_id, sorted(room.members))
+            self.pump()
+            if report.state is ShareState.READY:
+                return report
+        raise AssertionError("sharing did not settle")
+
+    def send(self, room: Room, body: str) -> ClientEvent:
+        self.share(room)
+        content = self.machine.encrypt_room_event(room.room_id, "m.room.message",
+                                                  {"msgtype": "m.text", "body": body})  # fmt: skip
+        self.commit()
+        return room.add(self.machine.user_id, "m.room.encrypted", content)
+
+    def read(self, room: Room, event: ClientEvent) -> DecryptedEvent | UnableToDecrypt:
+        result = self.machine.decrypt_room_event(room.room_id, event)
+        self.commit()
+        return result
+
+    def body(self, room: Room, event: ClientEvent) -> str:
+        result = self.read(room, event)
+        assert isinstance(result, DecryptedEvent), result
+        return result.content["body"]
+
+
+def online(server: KeyServer, clock: Clock, *ids: tuple[str, str]) -> list[Peer]:
+    """Peers that uploaded their keys and saw each other's device lists."""
+    peers = [Peer(server, u, d, clock) for u, d in ids]
+    for peer in peers:
+        peer.pump()
+    for peer in peers:
+        peer.sync()  # each sees the others' device list changes
+    return peers
