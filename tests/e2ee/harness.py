@@ -9,6 +9,7 @@ IDs and keeps the timeline as `ClientEvent` values.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,15 +48,26 @@ class Room:
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def add(self, sender: str, event_type: str, content: dict[str, Any]) -> ClientEvent:
-        event = ClientEvent(event_id=f"$ev{next(self._ids)}", type=event_type, sender=sender,
-                            origin_server_ts=1, content=content)  # fmt: skip
+        event = ClientEvent(
+            event_id=f"$ev{next(self._ids)}",
+            type=event_type,
+            sender=sender,
+            origin_server_ts=1,
+            content=content,
+        )
         self.events.append(event)
         return event
 
 
 class Peer:
-    def __init__(self, server: KeyServer, user_id: str, device_id: str, clock: Clock,
-                 store_key: bytes | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        server: KeyServer,
+        user_id: str,
+        device_id: str,
+        clock: Clock,
+        store_key: bytes | None = None,
+    ) -> None:
         self.server = server
         self.clock = clock
         self.store_key = store_key or os.urandom(32)
@@ -109,8 +121,9 @@ class Peer:
 
     def send(self, room: Room, body: str) -> ClientEvent:
         self.share(room)
-        content = self.machine.encrypt_room_event(room.room_id, "m.room.message",
-                                                  {"msgtype": "m.text", "body": body})  # fmt: skip
+        content = self.machine.encrypt_room_event(
+            room.room_id, "m.room.message", {"msgtype": "m.text", "body": body}
+        )
         self.commit()
         return room.add(self.machine.user_id, "m.room.encrypted", content)
 
@@ -133,3 +146,58 @@ def online(server: KeyServer, clock: Clock, *ids: tuple[str, str]) -> list[Peer]
     for peer in peers:
         peer.sync()  # each sees the others' device list changes
     return peers
+
+
+def olm_payload(
+    from_peer: Peer, to_peer: Peer, event_type: str, content: dict[str, Any], **overrides: Any
+) -> dict[str, Any]:
+    """The plaintext of an Olm to-device event, as `from_peer` would build it."""
+    s, r = from_peer.machine, to_peer.machine
+    payload = {
+        "type": event_type,
+        "content": content,
+        "sender": s.user_id,
+        "sender_device": s.device_id,
+        "keys": {"ed25519": s.identity_keys["ed25519"]},
+        "recipient": r.user_id,
+        "recipient_keys": {"ed25519": r.identity_keys["ed25519"]},
+    }
+    payload.update(overrides)
+    return payload
+
+
+def olm_event(sender: Peer, recipient: Peer, payload: dict[str, Any]) -> dict[str, Any]:
+    """An ``m.room.encrypted`` to-device content carrying ``payload`` over the sender's
+    existing Olm session with the recipient (create one first, e.g. with a share)."""
+    curve = recipient.machine.identity_keys["curve25519"]
+    ciphertext = sender.machine.olm.encrypt(curve, json.dumps(payload).encode(), sender.clock())
+    sender.commit()
+    return {
+        "algorithm": "m.olm.v1.curve25519-aes-sha2",
+        "sender_key": sender.machine.identity_keys["curve25519"],
+        "ciphertext": {curve: ciphertext},
+    }
+
+
+def deliver(
+    server: KeyServer, recipient: Peer, sender_user: str, event_type: str, content: dict[str, Any]
+) -> None:
+    server.inbox.setdefault(recipient.me, []).append(
+        {"sender": sender_user, "type": event_type, "content": content}
+    )
+
+
+def connected(peers: list[Peer], room_id: str = "!r:x") -> Room:
+    """Olm sessions exist between all peers (each shared once in a setup room), and a
+    fresh encrypted room ``room_id`` that all of them joined, with no session yet."""
+    setup = Room("!setup:x")
+    for p in peers:
+        p.join(setup)
+    for p in peers:
+        p.share(setup)
+    for p in peers:
+        p.sync()
+    room = Room(room_id)
+    for p in peers:
+        p.join(room)
+    return room
