@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import vodozemac
+
 from gapline.e2ee import (
     Changes,
     CryptoMachine,
@@ -201,3 +203,10 @@ def connected(peers: list[Peer], room_id: str = "!r:x") -> Room:
     for p in peers:
         p.join(room)
     return room
+
+
+def export_session(session: vodozemac.InboundGroupSession) -> str:
+    """A session's key from its first known index, as a forwarded or exported key."""
+    exported = session.export_at(session.first_known_index)
+    assert exported is not None
+    return exported.to_base64()

@@ -96,6 +96,7 @@ def test_a_key_that_arrives_late_heals_the_retained_events_of_its_session() -> N
     assert all(
         isinstance(u, UnableToDecrypt) and u.reason is UtdReason.MISSING_ROOM_KEY for u in utds
     )
+    assert isinstance(utds[0], UnableToDecrypt)
     assert utds[0].to_wire() == {
         "UnableToDecrypt": {
             "session_id": events[0].content["session_id"],
@@ -145,7 +146,8 @@ def test_two_devices_of_one_user_share_with_each_other() -> None:
     a1.sync()
     assert a1.body(room, reply) == "from my phone"
     assert {d.device_id for d in a1.machine.devices_of("@alice:x")} == {"A1", "A2"}
-    assert a1.machine.device("@alice:x", "A1").trust is TrustLevel.OWN
+    own = a1.machine.device("@alice:x", "A1")
+    assert own is not None and own.trust is TrustLevel.OWN
 
 
 def test_outgoing_requests_wait_for_unsaved_changes() -> None:

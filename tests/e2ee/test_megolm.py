@@ -2,31 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
+
 from gapline.e2ee import DecryptedEvent, RefusalCode, UnableToDecrypt, UtdReason
 from gapline.e2ee._canonical import b64decode, b64encode
 from gapline.matrix import ClientEvent
 
-from .harness import Clock, Room, connected, online
+from .harness import Clock, Peer, Room, connected, online
 from .keyserver import KeyServer
 
 
-def _room() -> tuple[KeyServer, Room, object, object]:
+def _room() -> tuple[KeyServer, Room, Peer, Peer]:
     server, clock = KeyServer(), Clock()
     alice, bob = online(server, clock, ("@alice:x", "A1"), ("@bob:x", "B1"))
     room = connected([alice, bob])
     return server, room, alice, bob
 
 
-def _copy(event: ClientEvent, **changes: object) -> ClientEvent:
-    fields = {
-        "event_id": event.event_id,
-        "type": event.type,
-        "sender": event.sender,
-        "origin_server_ts": event.origin_server_ts,
-        "content": dict(event.content),
-    }
-    fields.update(changes)
-    return ClientEvent(**fields)  # ty: ignore[invalid-argument-type]
+def _copy(event: ClientEvent, **changes: Any) -> ClientEvent:
+    return msgspec.structs.replace(event, **changes)
 
 
 def test_the_same_index_under_another_event_id_is_a_replay_and_is_refused() -> None:

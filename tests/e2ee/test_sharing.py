@@ -164,7 +164,7 @@ def test_a_claimed_key_with_a_bad_signature_is_refused_and_withheld() -> None:
 
 def test_invited_members_get_the_key_unless_history_is_joined_only() -> None:
     server, clock = KeyServer(), Clock()
-    alice, bob = online(server, clock, ("@alice:x", "A1"), ("@bob:x", "B1"))
+    alice, _bob = online(server, clock, ("@alice:x", "A1"), ("@bob:x", "B1"))
     room = Room("!r:x")
     alice.join(room)
     for visibility, expected in (("joined", ()), ("shared", (("@bob:x", "B1"),))):
