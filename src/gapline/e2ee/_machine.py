@@ -210,9 +210,14 @@ class CryptoMachine:
 
     # -- what the homeserver said ---------------------------------------------------------------
 
-    def receive_sync(self, sync: SyncResponse) -> KeyUpdates:
-        """Feed one sync's encryption fields (to-device, device lists, key counts)."""
+    def receive_sync(self, sync: SyncResponse, *, initial: bool = False) -> KeyUpdates:
+        """Feed one sync's encryption fields (to-device, device lists, key counts).
+
+        ``initial``: this sync had no ``since`` token (or follows a gap in which
+        device-list changes may have been missed): every tracked user is queried again.
+        """
         return self.receive_sync_changes(
+            initial=initial,
             to_device=sync.to_device.events,
             changed=sync.device_lists.changed,
             left=sync.device_lists.left,
@@ -228,8 +233,11 @@ class CryptoMachine:
         left: Iterable[str] = (),
         one_time_key_counts: Mapping[str, int] | None = None,
         unused_fallback_key_types: list[str] | None = None,
+        initial: bool = False,
     ) -> KeyUpdates:
         changed = list(changed)
+        if initial:
+            changed.extend(self.devices.tracked)
         self.devices.mark_changed(changed)
         in_flight = {
             u for o in self._out.values() if o.kind is RequestKind.KEYS_QUERY for u in o.users
