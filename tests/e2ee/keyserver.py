@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
+import httpx
 import msgspec
 
 from gapline.matrix import Request, SyncResponse, parse
@@ -63,8 +64,20 @@ class KeyServer:
 
     def handle(self, sender: tuple[str, str], request: Request, response_type: type) -> Any:
         self.requests.append((sender, request))
-        path = request.path.removeprefix("/_matrix/client/v3/")
-        body = copy.deepcopy(request.json)
+        answer = self._answer(sender, request.path, copy.deepcopy(request.json))
+        return parse(msgspec.json.encode(answer), response_type)
+
+    def transport(self, sender: tuple[str, str]) -> httpx.MockTransport:
+        """The same endpoints over HTTP, for a `MatrixClient` logged in as ``sender``."""
+
+        def handler(request: httpx.Request) -> httpx.Response:
+            body = json.loads(request.content) if request.content else None
+            return httpx.Response(200, json=self._answer(sender, request.url.raw_path.decode(), body))
+
+        return httpx.MockTransport(handler)
+
+    def _answer(self, sender: tuple[str, str], raw_path: str, body: Any) -> Answer:
+        path = raw_path.removeprefix("/_matrix/client/v3/")
         if path == "keys/upload":
             answer = self._upload(sender, body)
         elif path == "keys/query":
@@ -79,8 +92,8 @@ class KeyServer:
             _, event_type, txn = (unquote(p) for p in path.split("/"))
             answer = self._send_to_device(sender, event_type, txn, body)
         else:
-            raise AssertionError(f"the key server does not serve {request.method} {request.path}")
-        return parse(msgspec.json.encode(answer), response_type)
+            raise AssertionError(f"the key server does not serve {raw_path}")
+        return answer
 
     def _upload(self, sender: tuple[str, str], body: Answer) -> Answer:
         user, device = sender

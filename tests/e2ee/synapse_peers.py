@@ -40,6 +40,11 @@ _TOKEN = [
 _ROUNDS = 40  # bounded waits: each round is one long-poll sync
 
 
+def _make_directory(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 @dataclass
 class GaplineDevice:
     session: Session
@@ -174,7 +179,7 @@ class NioDevice:
     async def login(
         cls, homeserver: str, user_id: str, directory: Path, password: str = "password"
     ) -> NioDevice:
-        directory.mkdir(parents=True, exist_ok=True)
+        _make_directory(directory)
         config = nio.AsyncClientConfig(encryption_enabled=True, store_sync_tokens=True)
         client = nio.AsyncClient(homeserver, user_id, store_path=str(directory), config=config)
         answer = await client.login(password, device_name="nio peer")
@@ -182,6 +187,12 @@ class NioDevice:
         device = cls(client)
         await device.step()
         return device
+
+    @property
+    def olm(self) -> Any:
+        """nio's OlmMachine (its crypto), for the steps a test drives by hand."""
+        assert self.client.olm is not None
+        return self.client.olm
 
     @property
     def session(self) -> Session:

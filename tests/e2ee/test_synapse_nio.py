@@ -11,7 +11,7 @@ import pytest
 from gapline.e2ee import UtdReason
 from gapline.matrix import Session
 
-from .synapse_peers import ENCRYPTION, GaplineDevice, NioDevice
+from .synapse_peers import ENCRYPTION, GaplineDevice, NioDevice, _make_directory
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -26,9 +26,7 @@ class Scene:
         self.nio: list[NioDevice] = []
 
     async def gapline_device(self, session: Session, name: str) -> GaplineDevice:
-        directory = self.tmp / name
-        directory.mkdir()
-        device = await GaplineDevice(session, directory).start(self.kit.base_url)
+        device = await GaplineDevice(session, _make_directory(self.tmp / name)).start(self.kit.base_url)
         self.gapline.append(device)
         return device
 
@@ -102,14 +100,15 @@ async def test_gapline_sends_encrypted_and_nio_decrypts_also_after_a_restart(sce
 async def test_nio_shares_its_key_late_and_the_retained_event_heals(scene: Scene) -> None:
     g, n, room = await _gapline_and_nio(scene)
     c = n.client
+    olm = n.olm
     await c.joined_members(room)
     missing = c.get_missing_sessions(room)
     if missing:
         await c.keys_claim(missing)
-    sharing_with, to_device = c.olm.share_group_session(
+    sharing_with, to_device = olm.share_group_session(
         room, list(c.rooms[room].users), ignore_unverified_devices=True
     )
-    outbound = c.olm.outbound_group_sessions[room]
+    outbound = olm.outbound_group_sessions[room]
     outbound.users_shared_with.update(sharing_with)
     outbound.shared = True  # nio believes it shared; the key messages are held back
     event_id = await n.send_text(room, "you will read this later")
@@ -125,7 +124,7 @@ async def test_nio_shares_its_key_late_and_the_retained_event_heals(scene: Scene
 async def test_nio_rotates_and_gapline_reads_both_sessions(scene: Scene) -> None:
     g, n, room = await _gapline_and_nio(scene)
     before = await n.send_text(room, "first session")
-    n.client.olm.rotate_outbound_group_session(room)
+    n.olm.rotate_outbound_group_session(room)
     after = await n.send_text(room, "second session")
     await g.wait_until(lambda: before in g.bodies and after in g.bodies)
     assert g.decrypted[before].session_id != g.decrypted[after].session_id
