@@ -72,7 +72,9 @@ class KeyServer:
 
         def handler(request: httpx.Request) -> httpx.Response:
             body = json.loads(request.content) if request.content else None
-            return httpx.Response(200, json=self._answer(sender, request.url.raw_path.decode(), body))
+            return httpx.Response(
+                200, json=self._answer(sender, request.url.raw_path.decode(), body)
+            )
 
         return httpx.MockTransport(handler)
 

@@ -26,8 +26,11 @@ async def backend(tmp_path: Path) -> AsyncIterator[Backend]:
 
 async def _driver(backend: Backend, server: KeyServer, clock: Clock) -> CryptoDriver:
     server.register("@carol:x", "C1")
-    client = MatrixClient("https://hs.example", session=Session("https://hs.example", "@carol:x", "C1", "t"),
-                          transport=server.transport(("@carol:x", "C1")))
+    client = MatrixClient(
+        "https://hs.example",
+        session=Session("https://hs.example", "@carol:x", "C1", "t"),
+        transport=server.transport(("@carol:x", "C1")),
+    )
     driver = await CryptoDriver.open(backend, client, b"k" * 32, clock=clock)
     await driver.send_outgoing()
     return driver
@@ -44,12 +47,16 @@ async def test_the_driver_shares_encrypts_and_decrypts_in_batches(backend: Backe
     bob.join(room, settings)
     report = await driver.share_room_key(room.room_id, sorted(room.members))
     assert report.state is ShareState.READY and report.shared_with == (("@bob:x", "B1"),)
-    contents = [await driver.encrypt(room.room_id, "m.room.message", {"body": f"b{i}"}) for i in range(150)]
+    contents = [
+        await driver.encrypt(room.room_id, "m.room.message", {"body": f"b{i}"}) for i in range(150)
+    ]
     events = [room.add("@carol:x", "m.room.encrypted", c) for c in contents]
     bob.sync()
     assert bob.body(room, events[-1]) == "b149"
     results = await driver.decrypt_room_events(room.room_id, events, batch=64)  # our own messages
-    assert [r.content["body"] for r in results if isinstance(r, DecryptedEvent)] == [f"b{i}" for i in range(150)]
+    assert [r.content["body"] for r in results if isinstance(r, DecryptedEvent)] == [
+        f"b{i}" for i in range(150)
+    ]
     await driver.commit()
     state = await backend.read(load_state)
     assert len(state.seen) == 150 and state.outbound_sessions[0].message_count == 150

@@ -26,7 +26,9 @@ class Scene:
         self.nio: list[NioDevice] = []
 
     async def gapline_device(self, session: Session, name: str) -> GaplineDevice:
-        device = await GaplineDevice(session, _make_directory(self.tmp / name)).start(self.kit.base_url)
+        device = await GaplineDevice(session, _make_directory(self.tmp / name)).start(
+            self.kit.base_url
+        )
         self.gapline.append(device)
         return device
 
