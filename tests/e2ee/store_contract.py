@@ -74,6 +74,22 @@ class DbPeer(Peer):
         self.saved, self.flushed = [], 0
 
 
+async def paired(db: Backend) -> tuple[KeyServer, Clock, Peer, DbPeer, Room]:
+    """Alice in memory, Bob in ``db``, both in one encrypted room, each knowing the other."""
+    server, clock = KeyServer(), Clock()
+    (alice,) = online(server, clock, ("@alice:x", "A1"))
+    bob = await DbPeer.open(db, server, "@bob:x", "B1", clock)
+    bob.pump()
+    alice.sync()
+    bob.sync()
+    room = Room("!r:x")
+    alice.join(room)
+    bob.join(room)
+    alice.pump()
+    bob.pump()
+    return server, clock, alice, bob, room
+
+
 class CryptoStoreContract:
     @pytest.fixture
     async def db(self, dsn: str) -> AsyncIterator[Backend]:
@@ -84,18 +100,7 @@ class CryptoStoreContract:
             await backend.close()
 
     async def _pair(self, db: Backend) -> tuple[KeyServer, Clock, Peer, DbPeer, Room]:
-        server, clock = KeyServer(), Clock()
-        (alice,) = online(server, clock, ("@alice:x", "A1"))
-        bob = await DbPeer.open(db, server, "@bob:x", "B1", clock)
-        bob.pump()
-        alice.sync()
-        bob.sync()
-        room = Room("!r:x")
-        alice.join(room)
-        bob.join(room)
-        alice.pump()
-        bob.pump()  # each knows the other's device
-        return server, clock, alice, bob, room
+        return await paired(db)
 
     async def test_a_reopened_machine_continues_every_session(self, db: Backend) -> None:
         _server, _clock, alice, bob, room = await self._pair(db)

@@ -8,9 +8,8 @@ import pytest
 
 from gapline.storage import open_backend
 
-from .harness import Clock, Room, export_session, online
-from .keyserver import KeyServer
-from .store_contract import CryptoStoreContract, DbPeer
+from .harness import export_session
+from .store_contract import CryptoStoreContract, paired
 
 
 def _store_bytes(directory: Path) -> bytes:
@@ -32,15 +31,7 @@ async def test_no_plaintext_and_no_session_key_reaches_the_files(tmp_path: Path)
     path = tmp_path / "secret.db"
     backend = await open_backend(str(path))
     try:
-        server, clock = KeyServer(), Clock()
-        (alice,) = online(server, clock, ("@alice:x", "A1"))
-        bob = await DbPeer.open(backend, server, "@bob:x", "B1", clock)
-        bob.pump()
-        alice.sync()
-        bob.sync()
-        room = Room("!r:x")
-        alice.join(room)
-        bob.join(room)
+        _server, _clock, alice, bob, room = await paired(backend)
         event = alice.send(room, "zebra-quartz-unmistakable")
         bob.sync()
         assert bob.body(room, event) == "zebra-quartz-unmistakable"

@@ -57,6 +57,7 @@ from ._errors import (
 from ._inbound import InboundGroupSessions
 from ._olm import OlmSessions
 from ._outbound import GroupSessionManager
+from ._parts import Parts
 from ._secrets import CryptoKeys
 from ._store import StoredState
 from ._to_device import Received, ToDeviceReceiver
@@ -106,10 +107,9 @@ class CryptoMachine:
         )
         self.olm = OlmSessions(account)
         self.inbound = InboundGroupSessions(keys, self.devices.by_curve25519)
-        self.receiver = ToDeviceReceiver(account, self.devices, self.olm, self.inbound, keys, clock)
-        self.outbound = GroupSessionManager(
-            account, self.devices, self.olm, self.inbound, keys, clock
-        )
+        parts = Parts(account, self.devices, self.olm, self.inbound, keys, clock)
+        self.receiver = ToDeviceReceiver(parts)
+        self.outbound = GroupSessionManager(parts)
         self._outgoing: dict[str, OutgoingRecord] = {}
         self._outgoing_added: set[str] = set()
         self._outgoing_removed: set[str] = set()
@@ -382,11 +382,13 @@ class CryptoMachine:
             raise UnknownRequest(f"no outstanding request {request_id}")
         received = Received()
         changed: tuple[str, ...] = ()
-        if out.kind is RequestKind.KEYS_UPLOAD:
-            assert isinstance(answer, KeysUploadResponse)
+        expected = OutgoingRequest(request_id, out.kind, out.request).response_type
+        if not isinstance(answer, expected):
+            self._out[request_id] = out  # still outstanding: the caller passed the wrong value
+            raise TypeError(f"the answer to a {out.kind.value} request is a {expected.__name__}")
+        if isinstance(answer, KeysUploadResponse):
             self.account.mark_uploaded(answer)
-        elif out.kind is RequestKind.KEYS_QUERY:
-            assert isinstance(answer, KeysQueryResponse)
+        elif isinstance(answer, KeysQueryResponse):
             result = self.devices.receive_query(out.users, answer)
             received.refusals.extend(result.refusals)
             changed = result.changed_users
@@ -395,8 +397,7 @@ class CryptoMachine:
             again = self._requery.intersection(out.users)
             self._requery -= again
             self.devices.mark_changed(again)
-        elif out.kind is RequestKind.KEYS_CLAIM:
-            assert isinstance(answer, KeysClaimResponse)
+        elif isinstance(answer, KeysClaimResponse):
             self._receive_claim(out.devices, answer, received)
         else:
             if self._outgoing.pop(request_id, None) is not None:

@@ -23,19 +23,16 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import vodozemac
 
-from ._account import AccountMachine
 from ._changes import ChangeBuilder, OutboundSessionRecord, RoomRecord, ShareRecord
-from ._devices import DeviceTracker
 from ._errors import EncryptionRefused, EncryptionRefusedReason
-from ._inbound import InboundGroupSessions, RoomKey
-from ._olm import OlmSessions
-from ._secrets import CryptoKeys
+from ._inbound import RoomKey
+from ._parts import Parts
 from ._types import MEGOLM, OLM, Device, EncryptionSettings
 
 __all__ = ["GroupSessionManager", "SharePlan"]
@@ -78,21 +75,8 @@ def _settings_json(settings: EncryptionSettings) -> str:
 
 
 class GroupSessionManager:
-    def __init__(
-        self,
-        account: AccountMachine,
-        devices: DeviceTracker,
-        olm: OlmSessions,
-        inbound: InboundGroupSessions,
-        keys: CryptoKeys,
-        clock: Callable[[], int],
-    ) -> None:
-        self._account = account
-        self._devices = devices
-        self._olm = olm
-        self._inbound = inbound
-        self._keys = keys
-        self._clock = clock
+    def __init__(self, parts: Parts) -> None:
+        self._parts = parts
         self._rooms: dict[str, dict[str, Any]] = {}
         self._sessions: dict[str, _Outbound] = {}
         self._dirty_rooms: set[str] = set()
@@ -111,7 +95,7 @@ class GroupSessionManager:
         for room in rooms:
             self._rooms[room.room_id] = json.loads(room.settings_json)
         for r in sessions:
-            session = vodozemac.GroupSession.from_pickle(r.pickle, self._keys.pickle_key)
+            session = vodozemac.GroupSession.from_pickle(r.pickle, self._parts.keys.pickle_key)
             if session.session_id != r.session_id:
                 raise ValueError(f"outbound session row {r.session_id} holds {session.session_id}")
             settings = EncryptionSettings.from_content(json.loads(r.settings_json))
@@ -139,7 +123,7 @@ class GroupSessionManager:
                 OutboundSessionRecord(
                     room_id,
                     o.session_id,
-                    o.session.pickle(self._keys.pickle_key),
+                    o.session.pickle(self._parts.keys.pickle_key),
                     o.created_ms,
                     o.message_count,
                     _settings_json(o.settings),
@@ -224,13 +208,14 @@ class GroupSessionManager:
     def plan(self, room_id: str, users: Iterable[str]) -> SharePlan:
         """Decide who needs the room's session; creates or rotates the session first."""
         settings = self._require_settings(room_id)
-        now = self._clock()
-        members = set(users) | {self._account.user_id}
+        now = self._parts.clock()
+        members = set(users) | {self._parts.account.user_id}
         recipients = [
             d
             for user in sorted(members)
-            for d in self._devices.devices_of(user)
-            if d.device_id != self._account.device_id or d.user_id != self._account.user_id
+            for d in self._parts.devices.devices_of(user)
+            if d.device_id != self._parts.account.device_id
+            or d.user_id != self._parts.account.user_id
             if OLM in d.algorithms
         ]
         current = {(d.user_id, d.device_id) for d in recipients}
@@ -248,12 +233,12 @@ class GroupSessionManager:
             outbound = self._new_session(room_id, settings, now)
             rotated = True
         pending = [d for d in recipients if (d.user_id, d.device_id) not in outbound.shares]
-        need = tuple(d for d in pending if not self._olm.has_session(d.curve25519))
-        can = tuple(d for d in pending if self._olm.has_session(d.curve25519))
+        need = tuple(d for d in pending if not self._parts.olm.has_session(d.curve25519))
+        can = tuple(d for d in pending if self._parts.olm.has_session(d.curve25519))
         reachable = {d.user_id for d in pending} | {
             u for (u, _), (st, _) in outbound.shares.items() if st == SHARED
         }
-        unreachable = tuple(sorted(members - reachable - {self._account.user_id}))
+        unreachable = tuple(sorted(members - reachable - {self._parts.account.user_id}))
         return SharePlan(outbound.session_id, rotated, need, can, unreachable)
 
     def _new_session(self, room_id: str, settings: EncryptionSettings, now_ms: int) -> _Outbound:
@@ -262,9 +247,9 @@ class GroupSessionManager:
         self._sessions[room_id] = outbound
         self._dirty_sessions.add(room_id)
         self._removed.discard(room_id)
-        a = self._account
+        a = self._parts.account
         # Our own inbound copy, so this device reads its own messages.
-        self._inbound.add(
+        self._parts.inbound.add(
             RoomKey(
                 room_id,
                 session.session_id,
@@ -283,8 +268,8 @@ class GroupSessionManager:
     ) -> dict[str, dict[str, dict[str, Any]]]:
         """Olm-encrypt the room's session key to each device: ``{user: {device: content}}``."""
         outbound = self._sessions[room_id]
-        now = self._clock()
-        a = self._account
+        now = self._parts.clock()
+        a = self._parts.account
         key_content = {
             "algorithm": MEGOLM,
             "room_id": room_id,
@@ -303,7 +288,7 @@ class GroupSessionManager:
                 "recipient": d.user_id,
                 "recipient_keys": {"ed25519": d.ed25519},
             }
-            ciphertext = self._olm.encrypt(d.curve25519, json.dumps(payload).encode(), now)
+            ciphertext = self._parts.olm.encrypt(d.curve25519, json.dumps(payload).encode(), now)
             messages.setdefault(d.user_id, {})[d.device_id] = {
                 "algorithm": OLM,
                 "sender_key": a.curve25519,
@@ -318,7 +303,7 @@ class GroupSessionManager:
     ) -> dict[str, dict[str, dict[str, Any]]]:
         """``m.room_key.withheld`` (``m.no_olm``) for devices no Olm channel could be made to."""
         outbound = self._sessions[room_id]
-        a = self._account
+        a = self._parts.account
         messages: dict[str, dict[str, dict[str, Any]]] = {}
         for d in devices:
             messages.setdefault(d.user_id, {})[d.device_id] = {
@@ -359,7 +344,7 @@ class GroupSessionManager:
                 EncryptionRefusedReason.NOT_SHARED,
                 "call share_room_key until it is READY, and send its requests",
             )
-        why = self._expired(outbound, settings, self._clock())
+        why = self._expired(outbound, settings, self._parts.clock())
         if why is not None:
             raise EncryptionRefused(room_id, EncryptionRefusedReason.EXPIRED, why)
         inner = dict(content)
@@ -372,8 +357,8 @@ class GroupSessionManager:
             "algorithm": MEGOLM,
             "ciphertext": ciphertext,
             "session_id": outbound.session_id,
-            "sender_key": self._account.curve25519,
-            "device_id": self._account.device_id,
+            "sender_key": self._parts.account.curve25519,
+            "device_id": self._parts.account.device_id,
         }
         if relates is not None:
             out["m.relates_to"] = relates  # in the clear, so the server can aggregate relations

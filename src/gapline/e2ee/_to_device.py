@@ -25,18 +25,16 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gapline.matrix import ToDeviceEvent
 
-from ._account import AccountMachine
 from ._changes import ChangeBuilder, PendingToDeviceRecord, WithheldRecord
-from ._devices import DeviceTracker
-from ._inbound import InboundGroupSessions, RoomKey
-from ._olm import OlmFailure, OlmSessions
-from ._secrets import CryptoKeys
+from ._inbound import RoomKey
+from ._olm import OlmFailure
+from ._parts import Parts
 from ._types import (
     MEGOLM,
     OLM,
@@ -80,21 +78,8 @@ class _Pending:
 
 
 class ToDeviceReceiver:
-    def __init__(
-        self,
-        account: AccountMachine,
-        devices: DeviceTracker,
-        olm: OlmSessions,
-        inbound: InboundGroupSessions,
-        keys: CryptoKeys,
-        clock: Callable[[], int],
-    ) -> None:
-        self._account = account
-        self._devices = devices
-        self._olm = olm
-        self._inbound = inbound
-        self._keys = keys
-        self._clock = clock
+    def __init__(self, parts: Parts) -> None:
+        self._parts = parts
         self._pending: dict[str, _Pending] = {}
         self._added: set[str] = set()
         self._removed: set[str] = set()
@@ -103,14 +88,14 @@ class ToDeviceReceiver:
 
     def load(self, records: Iterable[PendingToDeviceRecord]) -> None:
         for r in records:
-            data = json.loads(self._keys.cipher.decrypt(r.sealed, aad=r.pending_id.encode()))
+            data = json.loads(self._parts.keys.cipher.decrypt(r.sealed, aad=r.pending_id.encode()))
             self._pending[r.pending_id] = _Pending(r.sender, data["sender_key"], data["payload"])
 
     def drain(self, out: ChangeBuilder) -> None:
         for pending_id in sorted(self._added):
             p = self._pending[pending_id]
             plain = json.dumps({"sender_key": p.sender_key, "payload": p.payload}).encode()
-            sealed = self._keys.cipher.encrypt(plain, aad=pending_id.encode())
+            sealed = self._parts.keys.cipher.encrypt(plain, aad=pending_id.encode())
             out.add("pending_added", PendingToDeviceRecord(pending_id, p.sender, sealed))
         out.add("pending_removed", *sorted(self._removed))
         self._added.clear()
@@ -145,7 +130,7 @@ class ToDeviceReceiver:
                 self._added.discard(pending_id)
             else:
                 self._removed.add(pending_id)
-            device = self._devices.by_curve25519(p.sender_key)
+            device = self._parts.devices.by_curve25519(p.sender_key)
             if device is None:
                 into.refuse(
                     RefusalCode.UNKNOWN_DEVICE,
@@ -171,15 +156,15 @@ class ToDeviceReceiver:
                 RefusalCode.MALFORMED, "Olm event lacks sender_key or ciphertext", event.sender
             )
             return
-        ours = ciphertext.get(self._account.curve25519)
+        ours = ciphertext.get(self._parts.account.curve25519)
         if not isinstance(ours, dict):
             into.refuse(
                 RefusalCode.WRONG_RECIPIENT, "no ciphertext for this device's key", event.sender
             )
             return
         try:
-            plaintext = self._olm.decrypt(
-                sender_key, ours.get("type"), ours.get("body"), self._clock()
+            plaintext = self._parts.olm.decrypt(
+                sender_key, ours.get("type"), ours.get("body"), self._parts.clock()
             )
         except OlmFailure as exc:
             into.refuse(exc.code, exc.detail, event.sender)
@@ -204,21 +189,21 @@ class ToDeviceReceiver:
             )
             return
         if (
-            payload.get("recipient") != self._account.user_id
+            payload.get("recipient") != self._parts.account.user_id
             or not isinstance(recipient_keys, dict)
-            or recipient_keys.get("ed25519") != self._account.ed25519
+            or recipient_keys.get("ed25519") != self._parts.account.ed25519
         ):
             into.refuse(
                 RefusalCode.WRONG_RECIPIENT, "payload is addressed to another device", event.sender
             )
             return
-        device = self._devices.by_curve25519(sender_key)
+        device = self._parts.devices.by_curve25519(sender_key)
         if device is None:
             pending_id = uuid.uuid4().hex
             self._pending[pending_id] = _Pending(event.sender, sender_key, payload)
             self._added.add(pending_id)
-            self._devices.track([event.sender])
-            self._devices.mark_changed([event.sender])
+            self._parts.devices.track([event.sender])
+            self._parts.devices.mark_changed([event.sender])
             log.info(
                 "to-device %s from an unknown device of %s: kept until its keys are fetched",
                 payload["type"],
@@ -286,7 +271,7 @@ class ToDeviceReceiver:
     def _forwarded_room_key(
         self, sender: str, sender_key: str, device: Device, content: dict[str, Any], into: Received
     ) -> None:
-        if device.user_id != self._account.user_id:
+        if device.user_id != self._parts.account.user_id:
             into.refuse(
                 RefusalCode.FORWARD_NOT_TRUSTED,
                 "forwarded room keys are taken only from our own devices",
@@ -307,7 +292,7 @@ class ToDeviceReceiver:
             )
             return
         room_id, session_id, session_key, original_key, original_ed = (str(f) for f in fields)
-        original = self._devices.by_curve25519(original_key)
+        original = self._parts.devices.by_curve25519(original_key)
         owner = original if original is not None and original.ed25519 == original_ed else None
         self._store(
             RoomKey(
@@ -325,7 +310,7 @@ class ToDeviceReceiver:
         )
 
     def _store(self, key: RoomKey, into: Received) -> None:
-        outcome = self._inbound.add(key)
+        outcome = self._parts.inbound.add(key)
         if isinstance(outcome, Refusal):
             log.warning("refused room key %s: %s", key.session_id, outcome.detail)
             into.refusals.append(outcome)
@@ -350,5 +335,5 @@ class ToDeviceReceiver:
             code,
             reason if isinstance(reason, str) else code,
         )
-        if self._inbound.add_withheld(record):
+        if self._parts.inbound.add_withheld(record):
             into.withheld.append(RoomKeyId(room_id, session_id))
