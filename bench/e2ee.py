@@ -384,7 +384,7 @@ def main() -> None:
         "quick": args.quick,
         "megolm": bench_megolm(n, rounds * 2),
         "share": bench_share(devices, rounds),
-        "heal": asyncio.run(bench_heal(heal, max(1, rounds // 2), batch=64)),
+        "heal": asyncio.run(bench_heal(heal, max(1, rounds - 2), batch=64)),
     }
     print(json.dumps(result, indent=2))
 
