@@ -34,6 +34,10 @@ __all__ = [
     "invite",
     "join",
     "joined_members",
+    "keys_changes",
+    "keys_claim",
+    "keys_query",
+    "keys_upload",
     "kick",
     "leave",
     "login_password",
@@ -47,6 +51,7 @@ __all__ = [
     "room_state",
     "send_event",
     "send_receipt",
+    "send_to_device",
     "set_read_markers",
     "sync",
     "sync_filter",
@@ -524,3 +529,67 @@ def download_media(server_name: str, media_id: str, *, filename: str | None = No
     if filename is not None:
         segments.append(filename)
     return Request("GET", _path(CLIENT_V1, *segments))
+
+
+# -- end-to-end encryption keys -------------------------------------------------------------
+
+
+def keys_upload(
+    *,
+    device_keys: Mapping[str, Any] | None = None,
+    one_time_keys: Mapping[str, Any] | None = None,
+    fallback_keys: Mapping[str, Any] | None = None,
+) -> Request:
+    """``POST /keys/upload``: this device's signed identity keys, one-time keys, fallback key.
+
+    Retryable: the server stores a key ID once and accepts the same key again.
+    """
+    body: dict[str, Any] = {}
+    for name, value in (
+        ("device_keys", device_keys),
+        ("one_time_keys", one_time_keys),
+        ("fallback_keys", fallback_keys),
+    ):
+        if value is not None:
+            body[name] = dict(value)
+    return Request("POST", _path(CLIENT_V3, "keys", "upload"), json=body)
+
+
+def keys_query(
+    device_keys: Mapping[str, Iterable[str]], *, timeout_ms: int | None = None
+) -> Request:
+    """``POST /keys/query``: the device and cross-signing keys of users (an empty device
+    list asks for all of a user's devices)."""
+    body: dict[str, Any] = {"device_keys": {u: list(d) for u, d in device_keys.items()}}
+    if timeout_ms is not None:
+        body["timeout"] = timeout_ms
+    return Request("POST", _path(CLIENT_V3, "keys", "query"), json=body)
+
+
+def keys_claim(
+    one_time_keys: Mapping[str, Mapping[str, str]], *, timeout_ms: int | None = None
+) -> Request:
+    """``POST /keys/claim``: one one-time key per ``{user: {device: algorithm}}``.
+
+    Not retried: every successful claim consumes a key on the other device.
+    """
+    body: dict[str, Any] = {"one_time_keys": {u: dict(d) for u, d in one_time_keys.items()}}
+    if timeout_ms is not None:
+        body["timeout"] = timeout_ms
+    return Request("POST", _path(CLIENT_V3, "keys", "claim"), json=body, idempotent=False)
+
+
+def keys_changes(from_: str, to: str) -> Request:
+    """``GET /keys/changes``: users whose device lists changed between two sync tokens."""
+    return Request("GET", _path(CLIENT_V3, "keys", "changes"), query=_q(from_=from_, to=to))
+
+
+def send_to_device(
+    event_type: str, messages: Mapping[str, Mapping[str, Mapping[str, Any]]], txn_id: str
+) -> Request:
+    """``PUT /sendToDevice/{eventType}/{txnId}`` with ``{user: {device: content}}``.
+
+    Idempotent by the spec, like room sends: a repeated ``txn_id`` is delivered once.
+    """
+    body = {"messages": {u: {d: dict(c) for d, c in by.items()} for u, by in messages.items()}}
+    return Request("PUT", _path(CLIENT_V3, "sendToDevice", event_type, txn_id), json=body)

@@ -31,6 +31,7 @@ import msgspec
 
 from . import _api
 from ._api import Direction, Request
+from ._client_keys import KeysEndpoints
 from ._errors import MatrixError, MatrixProtocolError, MatrixUnavailable, RateLimited
 from ._responses import (
     ClientEvent,
@@ -146,8 +147,11 @@ def _never_sent(exc: MatrixUnavailable) -> bool:
     return isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
 
 
-class MatrixClient:
+class MatrixClient(KeysEndpoints):
     """Async Matrix client-server access over ``httpx.AsyncClient``.
+
+    The end-to-end key endpoints (``keys_upload``, ``keys_query``, ``keys_claim``,
+    ``keys_changes``, ``send_to_device``) come from `KeysEndpoints` (``_client_keys``).
 
     ::
 

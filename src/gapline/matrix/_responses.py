@@ -21,6 +21,7 @@ __all__ = [
     "ClientEvent",
     "ContextResponse",
     "CreateRoomResponse",
+    "DeviceLists",
     "EmptyResponse",
     "ErrorBody",
     "EventBlock",
@@ -29,6 +30,10 @@ __all__ = [
     "JoinResponse",
     "JoinedMembersResponse",
     "JoinedRoom",
+    "KeysChangesResponse",
+    "KeysClaimResponse",
+    "KeysQueryResponse",
+    "KeysUploadResponse",
     "LeftRoom",
     "LoginResponse",
     "MessagesResponse",
@@ -41,6 +46,8 @@ __all__ = [
     "StrippedStateEvent",
     "SyncResponse",
     "Timeline",
+    "ToDevice",
+    "ToDeviceEvent",
     "UnreadNotifications",
     "UploadResponse",
     "WhoAmIResponse",
@@ -181,12 +188,43 @@ class Rooms(msgspec.Struct, frozen=True, kw_only=True):
     leave: dict[str, LeftRoom] = {}
 
 
+class ToDeviceEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """A message sent straight to this device (``m.room.encrypted`` Olm, withheld notices...).
+
+    ``sender`` is set by the homeserver, so it is the one field here a client can rely on
+    before decrypting."""
+
+    sender: str
+    type: str
+    content: dict[str, Any]
+
+
+class ToDevice(msgspec.Struct, frozen=True, kw_only=True):
+    events: list[ToDeviceEvent] = []
+
+
+class DeviceLists(msgspec.Struct, frozen=True, kw_only=True):
+    """Users whose devices changed since the last sync (``changed``), or with whom this
+    user no longer shares an encrypted room (``left``)."""
+
+    changed: list[str] = []
+    left: list[str] = []
+
+
 class SyncResponse(msgspec.Struct, frozen=True, kw_only=True):
-    """``GET /sync``. Pass ``next_batch`` as the next call's ``since``."""
+    """``GET /sync``. Pass ``next_batch`` as the next call's ``since``.
+
+    The end-to-end encryption fields: ``device_unused_fallback_key_types`` is ``None``
+    when the server did not report it (older servers), which is not the same as an
+    empty list ("the fallback key was used")."""
 
     next_batch: str
     rooms: Rooms = msgspec.field(default_factory=Rooms)
     account_data: EventBlock = msgspec.field(default_factory=EventBlock)
+    to_device: ToDevice = msgspec.field(default_factory=ToDevice)
+    device_lists: DeviceLists = msgspec.field(default_factory=DeviceLists)
+    device_one_time_keys_count: dict[str, int] = {}
+    device_unused_fallback_key_types: list[str] | None = None
 
 
 class MessagesResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -270,6 +308,44 @@ class JoinedMembersResponse(msgspec.Struct, frozen=True, kw_only=True):
 
 class UploadResponse(msgspec.Struct, frozen=True, kw_only=True):
     content_uri: str
+
+
+class KeysUploadResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /keys/upload``: how many unclaimed one-time keys the server holds, per algorithm."""
+
+    one_time_key_counts: dict[str, int] = {}
+
+
+class KeysQueryResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /keys/query``.
+
+    Key objects stay raw JSON objects: their signatures cover every field the signer
+    sent, including ones this code does not know, so they are verified as received.
+    ``device_keys`` is ``{user: {device: signed device keys}}``; the cross-signing maps
+    are ``{user: signed key}``; ``failures`` maps unreachable servers to an error.
+    """
+
+    device_keys: dict[str, dict[str, dict[str, Any]]] = {}
+    master_keys: dict[str, dict[str, Any]] = {}
+    self_signing_keys: dict[str, dict[str, Any]] = {}
+    user_signing_keys: dict[str, dict[str, Any]] = {}
+    failures: dict[str, Any] = {}
+
+
+class KeysClaimResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /keys/claim``: ``{user: {device: {"algorithm:key_id": signed key}}}``.
+
+    A device with no key left (and no fallback key) is simply absent."""
+
+    one_time_keys: dict[str, dict[str, dict[str, Any]]] = {}
+    failures: dict[str, Any] = {}
+
+
+class KeysChangesResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """``GET /keys/changes``: device list changes between two sync tokens."""
+
+    changed: list[str] = []
+    left: list[str] = []
 
 
 class EmptyResponse(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,0 +1,334 @@
+"""`InboundGroupSessions`: Megolm room keys others gave us, and room-event decryption.
+
+Rules:
+
+- A room key is stored under (room, session ID) with the Curve25519 key of the
+  Olm channel that delivered it (for a forwarded key: the original sender's
+  key, plus the chain of devices it passed through) and the sender's claimed
+  Ed25519 key. A key whose session ID is not the session it opens, or that
+  names another sender than the session already stored, is refused. A second
+  copy replaces the first only when it reaches further back (lower first
+  known index), or is the sender's own copy of a forwarded one.
+- ``m.room_key.withheld`` is remembered for a session we have no key for; it
+  is dropped when the key arrives.
+- Decrypting an event: the session must be there (else `MissingRoomKey`, or
+  `Withheld` with the sender's code), know the message's index (else
+  `UnknownMessageIndex`), and the ciphertext must decode and verify (else
+  `Malformed`). The plaintext must name this room. Each (session, index) is
+  bound to the first event ID that used it: another event at the same index is
+  a replay and is refused. An event whose sender is not the session's owner is
+  refused (`Untrusted`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import vodozemac
+
+from gapline.matrix import ClientEvent
+
+from ._changes import ChangeBuilder, InboundSessionRecord, SeenRecord, WithheldRecord
+from ._secrets import CryptoKeys
+from ._types import (
+    MEGOLM,
+    DecryptedEvent,
+    Device,
+    Refusal,
+    RefusalCode,
+    TrustLevel,
+    UnableToDecrypt,
+    UtdReason,
+)
+
+__all__ = ["InboundGroupSessions", "RoomKey"]
+
+log = logging.getLogger("gapline.e2ee.megolm")
+
+_decode = msgspec.json.Decoder().decode  # several times faster than json.loads per event
+
+
+@dataclass(frozen=True, slots=True)
+class RoomKey:
+    """A Megolm session key as received (``m.room_key`` or ``m.forwarded_room_key``)."""
+
+    room_id: str
+    session_id: str
+    session_key: str
+    sender_key: str  # Curve25519 key of the session's original sender
+    signing_key: str  # the original sender's claimed Ed25519 key
+    sender_user: str | None
+    sender_device: str | None
+    forwarded: bool = False
+    forwarding_chain: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class _Inbound:
+    session: vodozemac.InboundGroupSession
+    key: RoomKey
+    first_known_index: int
+
+
+class InboundGroupSessions:
+    def __init__(self, keys: CryptoKeys, device_for_curve: Callable[[str], Device | None]) -> None:
+        self._keys = keys
+        self._device_for_curve = device_for_curve
+        self._sessions: dict[tuple[str, str], _Inbound] = {}
+        self._withheld: dict[tuple[str, str], WithheldRecord] = {}
+        self._seen: dict[str, dict[int, bytes]] = {}
+        self._dirty: set[tuple[str, str]] = set()
+        self._dirty_withheld: set[tuple[str, str]] = set()
+        self._withheld_removed: set[tuple[str, str]] = set()
+        self._new_seen: list[SeenRecord] = []
+
+    # -- loading and saving ----------------------------------------------------------------
+
+    def load(
+        self,
+        sessions: Iterable[InboundSessionRecord],
+        withheld: Iterable[WithheldRecord],
+        seen: Iterable[SeenRecord],
+    ) -> None:
+        for r in sessions:
+            session = vodozemac.InboundGroupSession.from_pickle(r.pickle, self._keys.pickle_key)
+            if session.session_id != r.session_id:
+                raise ValueError(f"inbound session row {r.session_id} holds {session.session_id}")
+            key = RoomKey(
+                r.room_id,
+                r.session_id,
+                "",
+                r.sender_key,
+                r.signing_key,
+                r.sender_user,
+                r.sender_device,
+                r.forwarded,
+                tuple(json.loads(r.forwarding_chain_json)),
+            )
+            self._sessions[(r.room_id, r.session_id)] = _Inbound(session, key, r.first_known_index)
+        for w in withheld:
+            self._withheld[(w.room_id, w.session_id)] = w
+        for s in seen:
+            self._seen.setdefault(s.session_id, {})[s.message_index] = s.event_digest
+
+    def drain(self, out: ChangeBuilder) -> None:
+        for ident in sorted(self._dirty):
+            entry = self._sessions[ident]
+            k = entry.key
+            out.add(
+                "inbound_sessions",
+                InboundSessionRecord(
+                    k.room_id,
+                    k.session_id,
+                    k.sender_key,
+                    k.signing_key,
+                    k.sender_user,
+                    k.sender_device,
+                    k.forwarded,
+                    json.dumps(list(k.forwarding_chain)),
+                    entry.first_known_index,
+                    entry.session.pickle(self._keys.pickle_key),
+                ),
+            )
+        out.add("withheld", *(self._withheld[i] for i in sorted(self._dirty_withheld)))
+        out.add("withheld_removed", *sorted(self._withheld_removed))
+        out.add("seen", *self._new_seen)
+        self._dirty.clear()
+        self._dirty_withheld.clear()
+        self._withheld_removed.clear()
+        self._new_seen = []
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._dirty or self._dirty_withheld or self._withheld_removed or self._new_seen)
+
+    def has_session(self, room_id: str, session_id: str) -> bool:
+        return (room_id, session_id) in self._sessions
+
+    def first_known_index(self, room_id: str, session_id: str) -> int | None:
+        entry = self._sessions.get((room_id, session_id))
+        return None if entry is None else entry.first_known_index
+
+    def withheld(self, room_id: str, session_id: str) -> WithheldRecord | None:
+        return self._withheld.get((room_id, session_id))
+
+    # -- receiving keys ---------------------------------------------------------------------------
+
+    def add(self, key: RoomKey) -> bool | Refusal:
+        """Store a room key; ``True`` if it is new or better, ``False`` if we had as good."""
+        try:
+            if key.forwarded:
+                session = vodozemac.InboundGroupSession.import_session(
+                    vodozemac.ExportedSessionKey(key.session_key)
+                )
+            else:
+                session = vodozemac.InboundGroupSession(vodozemac.SessionKey(key.session_key))
+        except (vodozemac.SessionKeyDecodeException, ValueError) as exc:
+            return Refusal(
+                RefusalCode.MALFORMED, f"room key does not decode: {exc}", key.sender_user
+            )
+        if session.session_id != key.session_id:
+            return Refusal(
+                RefusalCode.SESSION_MISMATCH,
+                f"room key names session {key.session_id} but opens {session.session_id}",
+                key.sender_user,
+            )
+        ident = (key.room_id, key.session_id)
+        known = self._sessions.get(ident)
+        if known is not None:
+            if known.key.sender_key != key.sender_key or known.key.signing_key != key.signing_key:
+                return Refusal(
+                    RefusalCode.SESSION_MISMATCH,
+                    f"session {key.session_id} is already known from another sender",
+                    key.sender_user,
+                )
+            better_index = session.first_known_index < known.first_known_index
+            unforwarded = known.key.forwarded and not key.forwarded
+            if not (
+                better_index
+                or (unforwarded and session.first_known_index <= known.first_known_index)
+            ):
+                return False
+        self._sessions[ident] = _Inbound(session, key, session.first_known_index)
+        self._dirty.add(ident)
+        if ident in self._withheld:
+            del self._withheld[ident]
+            self._dirty_withheld.discard(ident)
+            self._withheld_removed.add(ident)
+        return True
+
+    def add_withheld(self, record: WithheldRecord) -> bool:
+        ident = (record.room_id, record.session_id)
+        if ident in self._sessions or self._withheld.get(ident) == record:
+            return False
+        self._withheld[ident] = record
+        self._dirty_withheld.add(ident)
+        self._withheld_removed.discard(ident)
+        return True
+
+    # -- decrypting room events -------------------------------------------------------------------
+
+    def decrypt(self, room_id: str, event: ClientEvent) -> DecryptedEvent | UnableToDecrypt:
+        content = event.content
+        session_id = content.get("session_id")
+        sid = session_id if isinstance(session_id, str) else None
+
+        def utd(
+            reason: UtdReason,
+            detail: str,
+            refusal: RefusalCode | None = None,
+            code: str | None = None,
+        ) -> UnableToDecrypt:
+            if refusal is not None:
+                log.warning(
+                    "refused %s in %s from %s: %s", event.event_id, room_id, event.sender, detail
+                )
+            return UnableToDecrypt(event.event_id, room_id, sid, reason, detail, code, refusal)
+
+        if content.get("algorithm") != MEGOLM:
+            return utd(
+                UtdReason.MALFORMED,
+                f"not a Megolm event: {content.get('algorithm')!r}",
+                RefusalCode.UNSUPPORTED_ALGORITHM,
+            )
+        ciphertext = content.get("ciphertext")
+        if sid is None or not isinstance(ciphertext, str):
+            return utd(UtdReason.MALFORMED, "no session_id or ciphertext", RefusalCode.MALFORMED)
+        entry = self._sessions.get((room_id, sid))
+        if entry is None:
+            withheld = self._withheld.get((room_id, sid))
+            if withheld is not None:
+                return utd(UtdReason.WITHHELD, withheld.reason, code=withheld.code)
+            return utd(UtdReason.MISSING_ROOM_KEY, "no key for this session")
+        claimed = content.get("sender_key")
+        if isinstance(claimed, str) and claimed != entry.key.sender_key:
+            return utd(
+                UtdReason.MALFORMED,
+                "the event names another sender key than its session",
+                RefusalCode.SESSION_MISMATCH,
+            )
+        try:
+            message = vodozemac.MegolmMessage.from_base64(ciphertext)
+        except (vodozemac.DecodeException, ValueError) as exc:
+            return utd(
+                UtdReason.MALFORMED, f"ciphertext does not decode: {exc}", RefusalCode.MALFORMED
+            )
+        index = message.message_index()
+        if index < entry.first_known_index:
+            return utd(
+                UtdReason.UNKNOWN_MESSAGE_INDEX,
+                f"index {index} precedes the first known index {entry.first_known_index}",
+            )
+        try:
+            decrypted = entry.session.decrypt(message)
+        except vodozemac.MegolmDecryptionException as exc:
+            return utd(
+                UtdReason.MALFORMED, f"Megolm decryption failed: {exc}", RefusalCode.MALFORMED
+            )
+        digest = self._keys.event_digest(event.event_id)
+        seen = self._seen.setdefault(sid, {})
+        first = seen.get(index)
+        if first is not None and first != digest:
+            return utd(
+                UtdReason.MALFORMED,
+                f"message index {index} of this session was already used by another event (replay)",
+                RefusalCode.MEGOLM_REPLAY,
+            )
+        try:
+            payload: Any = _decode(decrypted.plaintext)
+        except msgspec.DecodeError as exc:
+            return utd(UtdReason.MALFORMED, f"plaintext is not JSON: {exc}", RefusalCode.MALFORMED)
+        if not (
+            isinstance(payload, dict)
+            and isinstance(payload.get("type"), str)
+            and isinstance(payload.get("content"), dict)
+        ):
+            return utd(
+                UtdReason.MALFORMED, "plaintext lacks type or content", RefusalCode.MALFORMED
+            )
+        if payload.get("room_id") != room_id:
+            return utd(
+                UtdReason.MALFORMED,
+                f"plaintext names room {payload.get('room_id')!r}",
+                RefusalCode.MISMATCHED_IDS,
+            )
+        key = entry.key
+        if key.sender_user is not None and key.sender_user != event.sender:
+            return utd(
+                UtdReason.UNTRUSTED,
+                f"sent by {event.sender} with a session of {key.sender_user}",
+                RefusalCode.SENDER_MISMATCH,
+            )
+        if first is None:
+            seen[index] = digest
+            self._new_seen.append(SeenRecord(sid, index, digest))
+        inner = payload["content"]
+        relates = content.get("m.relates_to")
+        if relates is not None and "m.relates_to" not in inner:
+            inner = {**inner, "m.relates_to": relates}
+        return DecryptedEvent(
+            event_id=event.event_id,
+            room_id=room_id,
+            sender=event.sender,
+            type=payload["type"],
+            content=inner,
+            session_id=sid,
+            message_index=index,
+            sender_key=key.sender_key,
+            sender_device=key.sender_device,
+            trust=self._trust(key),
+            forwarded=key.forwarded,
+        )
+
+    def _trust(self, key: RoomKey) -> TrustLevel:
+        if key.forwarded:
+            return TrustLevel.UNSIGNED  # a forwarded key proves nothing about who first sent it
+        device = self._device_for_curve(key.sender_key)
+        if device is None or device.ed25519 != key.signing_key:
+            return TrustLevel.UNSIGNED
+        return device.trust
