@@ -1,8 +1,9 @@
 """Every query the store runs is index-covered, on both backends.
 
 Rather than keeping a hand-written list of "hot" queries that could drift from the code,
-this runs a workload touching every store path through a recording backend, then asks
-the database for the plan of each distinct statement it saw:
+this runs a workload touching every store path through a recording backend
+(``tests/storage/plans.py``), then asks the database for the plan of each distinct
+statement it saw:
 
 - SQLite: ``EXPLAIN QUERY PLAN`` must show no full ``SCAN`` and no ``TEMP B-TREE``;
 - PostgreSQL: with ``enable_seqscan`` and ``enable_sort`` off (so the planner only
@@ -15,8 +16,7 @@ Plain inserts are skipped: their only lookup is the unique index that defines th
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from gapline.journal import (
     ConversationKey,
@@ -28,83 +28,12 @@ from gapline.journal import (
     JournalStore,
     Revision,
 )
-from gapline.storage import Backend, Dialect, Migration, Tx
+from gapline.storage import Backend, Dialect
 from tests.journal.contract import ROOM, edit, message, redaction
-
-T = TypeVar("T")
-
-
-class _RecordingTx:
-    def __init__(self, tx: Tx, log: list[tuple[str, tuple[Any, ...]]]) -> None:
-        self._tx = tx
-        self._log = log
-
-    @property
-    def dialect(self) -> Dialect:
-        return self._tx.dialect
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        self._log.append((sql, tuple(params)))
-        return self._tx.execute(sql, params)
-
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        rows = list(rows)
-        if rows:
-            self._log.append((sql, tuple(rows[0])))
-        self._tx.executemany(sql, rows)
-
-    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
-        self._log.append((sql, tuple(params)))
-        return self._tx.one(sql, params)
-
-    def one_after(
-        self, prior: Sequence[tuple[str, Sequence[Any]]], sql: str, params: Sequence[Any] = ()
-    ) -> tuple[Any, ...] | None:
-        self._log.extend((s, tuple(a)) for s, a in prior)
-        self._log.append((sql, tuple(params)))
-        return self._tx.one_after(prior, sql, params)
-
-    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        self._log.append((sql, tuple(params)))
-        return self._tx.all(sql, params)
-
-    def notify(self, channel: str, payload: str) -> None:
-        self._tx.notify(channel, payload)
+from tests.storage.plans import RecordingBackend, plan_nodes, postgres_plan, sqlite_plan
 
 
-class _RecordingBackend:
-    def __init__(self, inner: Backend) -> None:
-        self.inner = inner
-        self.log: list[tuple[str, tuple[Any, ...]]] = []
-
-    @property
-    def dialect(self) -> Dialect:
-        return self.inner.dialect
-
-    async def write(self, op: Callable[[Tx], T]) -> T:
-        return await self.inner.write(lambda tx: op(_RecordingTx(tx, self.log)))
-
-    async def write_batched(
-        self, fn: Callable[[Tx, list[Any]], Sequence[T | BaseException]], item: Any
-    ) -> T:
-        return await self.inner.write_batched(
-            lambda tx, items: fn(_RecordingTx(tx, self.log), items), item
-        )
-
-    async def read(self, op: Callable[[Tx], T]) -> T:
-        return await self.inner.read(lambda tx: op(_RecordingTx(tx, self.log)))
-
-    async def migrate(self, schema: str, migrations: Sequence[Migration]) -> None:
-        await self.inner.migrate(schema, migrations)
-
-    def subscribe(self, channel: str) -> AsyncIterator[str]:
-        return self.inner.subscribe(channel)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
-async def _workload(backend: _RecordingBackend) -> None:
+async def _workload(backend: RecordingBackend) -> None:
     bot = (await JournalStore.open(backend)).principal("@bot:example.org")
     await bot.admit(edit("$early", "$o", "held", ts=200), epoch=0)
     await bot.admit(message("$o", "v0", ts=100), epoch=0)
@@ -170,42 +99,22 @@ def _statements(log: list[tuple[str, tuple[Any, ...]]]) -> dict[str, tuple[Any, 
 
 
 async def test_every_store_query_is_index_covered(backend: Backend) -> None:
-    recording = _RecordingBackend(backend)
+    recording = RecordingBackend(backend)
     await _workload(recording)
     statements = _statements(recording.log)
     assert len(statements) >= 25  # the workload really reached the store's queries
     problems: dict[str, Any] = {}
     for sql, params in statements.items():
         if backend.dialect is Dialect.SQLITE:
-            plan = await backend.read(
-                lambda tx, sql=sql, params=params: tx.all("EXPLAIN QUERY PLAN " + sql, params)
-            )
-            details = [str(row[3]) for row in plan]
+            details = await sqlite_plan(backend, sql, params)
             bad = [d for d in details if d.startswith("SCAN") or "TEMP B-TREE" in d]
             if bad:
                 problems[sql] = details
         else:
-
-            def explain(tx: Tx, sql: str = sql, params: tuple[Any, ...] = params) -> Any:
-                tx.execute("SET LOCAL enable_seqscan = off")
-                tx.execute("SET LOCAL enable_sort = off")
-                row = tx.one("EXPLAIN (FORMAT JSON) " + sql, params)
-                assert row is not None
-                return row[0]
-
-            plan = await backend.write(explain)
-            if isinstance(plan, str):
-                plan = json.loads(plan)
-            nodes = list(_nodes(plan[0]["Plan"]))
+            nodes = [n["Node Type"] for n in plan_nodes(await postgres_plan(backend, sql, params))]
             if any(n in ("Seq Scan", "Sort", "Incremental Sort") for n in nodes):
                 problems[sql] = nodes
     assert problems == {}
-
-
-def _nodes(plan: dict[str, Any]) -> Iterable[str]:
-    yield plan["Node Type"]
-    for child in plan.get("Plans", ()):
-        yield from _nodes(child)
 
 
 async def test_plan_check_catches_an_unindexed_query(backend: Backend) -> None:
@@ -213,17 +122,8 @@ async def test_plan_check_catches_an_unindexed_query(backend: Backend) -> None:
     await JournalStore.open(backend)
     sql = "SELECT event_id FROM journal_events WHERE sender = ? ORDER BY origin_server_ts LIMIT 5"
     if backend.dialect is Dialect.SQLITE:
-        plan = await backend.read(lambda tx: tx.all("EXPLAIN QUERY PLAN " + sql, ("@a:x",)))
-        assert any(str(row[3]).startswith("SCAN") for row in plan)
+        details = await sqlite_plan(backend, sql, ("@a:x",))
+        assert any(d.startswith("SCAN") for d in details)
     else:
-
-        def explain(tx: Tx) -> Any:
-            tx.execute("SET LOCAL enable_seqscan = off")
-            row = tx.one("EXPLAIN (FORMAT JSON) " + sql, ("@a:x",))
-            assert row is not None
-            return row[0]
-
-        plan = await backend.write(explain)
-        if isinstance(plan, str):
-            plan = json.loads(plan)
-        assert "Seq Scan" in list(_nodes(plan[0]["Plan"]))
+        plan = await postgres_plan(backend, sql, ("@a:x",), off=("enable_seqscan",))
+        assert "Seq Scan" in [n["Node Type"] for n in plan_nodes(plan)]

@@ -1,8 +1,8 @@
 """Loading the published Meshline vectors.
 
-``data/`` holds byte-exact copies of ../shared/meshline/vectors (themselves the
-SDK's files); ``load`` checks each against manifest.json's SHA-256 so a copy
-can never drift silently.
+``data/`` holds byte-exact copies of the test vectors the Meshline protocol publishes
+(``v1/test-vectors`` of the protocol repository, at the commit manifest.json names);
+``load`` checks each against manifest.json's SHA-256 so a copy can never drift silently.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""Relay fixtures: a DSN per backend, so every timeline rule runs on SQLite and PostgreSQL."""
+"""Relay fixtures. The backend contracts get their ``relay_dsn`` from the per-backend
+modules (``test_sqlite.py``, ``test_postgres.py``); transport tests use SQLite."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def relay_dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        return request.getfixturevalue("postgres_dsn")
-    return str(tmp_path / "relay.db")
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """Several `gapline relay serve` processes on one PostgreSQL database.
 
 - 10,000 concurrent sends to one account, split over two processes, get 10,000
-  distinct, strictly increasing sequences (the account_heads row lock, see
-  the sequence-assignment comment in _timeline_store).
+  distinct, strictly increasing sequences (the account_heads row lock held from the
+  head upsert to COMMIT, see the one-statement send in gapline.relay._store._sql_postgres).
 - A WebSocket client on process A is notified of a send accepted by process B
   (LISTEN/NOTIFY through the storage backend).
 """

@@ -76,10 +76,10 @@ async def test_notifications_coalesce_when_the_reader_is_slow() -> None:
     for head in range(100):
         conn.notify("message.timeline.changed", {"head": head})
     assert conn.outbound.qsize() == 2  # the hints took no queue room
-    writer = asyncio.create_task(conn.writer())
-    await ws.three.wait()
-    await asyncio.sleep(0)
-    writer.cancel()
+    async with asyncio.timeout(10), asyncio.TaskGroup() as group:
+        group.create_task(conn.writer())
+        await ws.three.wait()
+        await conn.finish()  # the writer returns once everything queued before is sent
     # Responses keep their order; the hundred hints became one, with the newest head.
     assert [m for m in ws.sent if not m.startswith("{")] == ["r1", "r2"]
     notes = [m for m in ws.sent if m.startswith("{")]

@@ -9,6 +9,6 @@ Run it with `gapline relay serve`, or in-process::
 from gapline.relay._config import DEFAULT_NETWORK_CONTEXT, RelayConfig
 from gapline.relay._errors import RelayFailure
 from gapline.relay._server import RelayServer
-from gapline.relay._timeline_store import TimelineStore
+from gapline.relay._store import TimelineStore
 
 __all__ = ["DEFAULT_NETWORK_CONTEXT", "RelayConfig", "RelayFailure", "RelayServer", "TimelineStore"]

@@ -37,7 +37,7 @@ from gapline.meshline import (
 )
 from gapline.relay._config import RelayConfig
 from gapline.relay._errors import RelayFailure, failure_from_meshline
-from gapline.relay._timeline_store import (
+from gapline.relay._store import (
     AcceptedSend,
     DeviceEntry,
     KeyBox,
@@ -250,14 +250,14 @@ class Relay:
         now = self.config.clock()
         nonce = b64u_encode(os.urandom(32))
         expires_at = now + self.config.challenge_ttl
-        await self.store.add_challenge(nonce, account, expires_at)
+        await self.store.accounts.add_challenge(nonce, account, expires_at)
         return {"nonce": nonce, "created_at": now, "expires_at": expires_at}
 
     async def _consume(self, params: Mapping[str, Any]) -> tuple[str, str]:
         nonce = params.get("nonce")
         if not isinstance(nonce, str) or not 0 < len(nonce) <= 256:
             raise RelayFailure("bad_request", "nonce: expected a challenge nonce")
-        found = await self.store.consume_challenge(nonce)
+        found = await self.store.accounts.consume_challenge(nonce)
         if found is None or found[1] <= self.config.clock():
             raise RelayFailure("unauthorized", "challenge missing, expired or already used")
         return nonce, found[0]
@@ -273,7 +273,7 @@ class Relay:
     async def _issue(self, call: Call, session: Session) -> dict[str, Any]:
         token = secrets.token_urlsafe(32)
         digest = token_hash(token)
-        await self.store.add_session(digest, session)
+        await self.store.accounts.add_session(digest, session)
         if call.connection is not None:
             call.connection.bind(digest, session)
         return {"token": token, "mode": session.mode, "expires_at": session.expires_at}
@@ -305,7 +305,7 @@ class Relay:
             )
         except MeshlineError as exc:
             raise failure_from_meshline(exc) from None
-        window = await self.store.device_window(account, device_id)
+        window = await self.store.accounts.device_window(account, device_id)
         if window is None or not window[0] <= now < window[1]:
             raise RelayFailure(
                 "device_unknown", "the device is not currently valid for the account"
@@ -359,7 +359,7 @@ class Relay:
         )
         # This relay is the home relay of every account that publishes its state to it
         # (standalone deviation), so publication is authoritative, never "staged".
-        changed = await self.store.publish_state(accepted)
+        changed = await self.store.accounts.publish_state(accepted)
         if changed and self.on_state_accepted is not None:
             await self.on_state_accepted(state.account, state.revision)
         return {"status": "accepted"}
@@ -379,7 +379,7 @@ class Relay:
         account = self._account(params.get("account"))
         if account != session.account and session.mode != "device":
             raise RelayFailure("forbidden", "an account session reads only its own state")
-        canonical = await self.store.resolve_state(account)
+        canonical = await self.store.accounts.resolve_state(account)
         if canonical is None:
             raise RelayFailure("not_found", "no device state for this account")
         return _stored(canonical)
@@ -467,7 +467,7 @@ class Relay:
             now=now,
             refusal=refusal,
         )
-        accepted = await self.store.accept_send(send)
+        accepted = await self.store.sends.accept(send)
         if self.on_appended is not None and accepted.appended:
             self.on_appended(accepted)
         return accepted.result.to_json()
@@ -479,7 +479,7 @@ class Relay:
         device_id = session.device_id or ""
         key = self._signing_keys.get(device_id)
         if key is None:
-            cert = await self.store.certificate(device_id)
+            cert = await self.store.accounts.certificate(device_id)
             if cert is None:
                 raise RelayFailure("device_unknown", "no certificate for the sending device")
             key = DeviceCertificate.from_json(cert).signing_key_bytes
@@ -494,7 +494,9 @@ class Relay:
             message_id = check_message_id(params.get("message_id"))
         except MeshlineError as exc:
             raise failure_from_meshline(exc) from None
-        result = await self.store.delivery_status(session.account, message_id, self.config.clock())
+        result = await self.store.sends.delivery_status(
+            session.account, message_id, self.config.clock()
+        )
         return result.to_json()
 
     async def message_timeline_sync(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
@@ -502,7 +504,7 @@ class Relay:
         after = _int(params, "after", minimum=-1, default=-1)
         limit = _int(params, "limit", minimum=1, default=self.config.page_limit)
         limit = min(limit, self.config.page_limit)
-        page = await self.store.sync(
+        page = await self.store.timelines.sync(
             session.account, session.device_id or "", after, limit, self.config.clock()
         )
         out: dict[str, Any] = {

@@ -27,7 +27,7 @@ from gapline.relay._http import http_handler
 from gapline.relay._methods import Relay
 from gapline.relay._metrics import RelayMetrics
 from gapline.relay._ratelimit import RateLimiter
-from gapline.relay._timeline_store import (
+from gapline.relay._store import (
     DEVICE_STATE_CHANNEL,
     TIMELINE_CHANNEL,
     AcceptedSend,
@@ -80,7 +80,7 @@ class RelayServer:
         session = self._sessions.get(token_hash)
         if session is None:
             try:
-                session = await self.store.get_session(token_hash)
+                session = await self.store.accounts.get_session(token_hash)
             except BackendClosed:
                 raise RelayFailure(
                     "temporarily_unavailable", "the relay is shutting down"
@@ -221,7 +221,7 @@ class RelayServer:
         if self._stopping:
             return web.json_response({"status": "stopping"}, status=503)
         try:
-            await self.store.head("health-check")
+            await self.store.timelines.head("health-check")
         except StorageError:
             return web.json_response({"status": "database unavailable"}, status=503)
         return web.json_response({"status": "ok", "relay_id": self.relay.relay_id})

@@ -31,7 +31,7 @@ from gapline.relay._errors import (
 )
 from gapline.relay._methods import Call, SessionMode
 from gapline.relay._rpc import invoke
-from gapline.relay._timeline_store import Session
+from gapline.relay._store import Session
 
 if TYPE_CHECKING:
     from gapline.relay._server import RelayServer
@@ -149,6 +149,10 @@ class WsConnection:
     async def answer(self, text: str) -> None:
         await self.outbound.put(text)
 
+    async def finish(self) -> None:
+        """Stop the writer once it has sent everything queued before this."""
+        await self.outbound.put(_CLOSE)
+
     async def handle_text(self, text: str) -> None:
         """Parse one frame and answer it."""
         try:
@@ -260,7 +264,7 @@ def ws_handler(server: RelayServer):
                 # Let in-flight requests finish, then stop the writer.
                 for _ in range(config.ws_inflight):
                     await slots.acquire()
-                await conn.outbound.put(_CLOSE)
+                await conn.finish()
                 await writer
         except Exception:
             log.debug("websocket connection ended with an error", exc_info=True)

@@ -1,8 +1,8 @@
 """The relay's tables: numbered, commented migrations for SQLite and PostgreSQL.
 
-Every hot query has an index that covers it (see the comments in
-``_timeline_store.py`` next to each query; ``tests/relay/test_store_plans.py``
-asserts the SQLite plans).
+Every hot query has an index that covers it (see the comments next to each query in the
+store modules beside this one; ``tests/relay/test_store_plans.py`` asks the planner about
+the statements the stores really run).
 """
 
 from __future__ import annotations
