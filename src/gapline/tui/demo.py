@@ -12,21 +12,34 @@ The story, the same with and without a terminal:
 ``gapline demo`` then shows the room in the TUI (press ``f`` to fill the gap);
 ``gapline demo --headless`` fills it itself and prints the timeline before and
 after, and the fill reports. It exits 0 only if a gap was found and filled
-with continuity ``Verified``. Everything (server, store, temp files) is torn
-down on exit.
+with continuity ``Verified``.
+
+Everything (the server, the store, the temp directory) is removed on every way
+out: ``q`` or Ctrl-C in the TUI, Ctrl-C before it, SIGTERM, SIGHUP (the
+terminal closed), and a crash of the TUI. A signal ends the demo with status
+128 + its number, after the teardown.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import shutil
+import signal
 import sys
 import tempfile
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Generator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from textual import events
+from textual.binding import Binding
+
+from gapline.clikit import CommandError, Exit, examples, positive_int
 from gapline.history import (
     Continuity,
     Engine,
@@ -52,13 +65,29 @@ from gapline.tui._app import GaplineApp
 from gapline.tui._text import item_line
 from gapline.tui.cli import engine_connect
 
-__all__ = ["DEMO_CONFIG", "Story", "configure", "prepare_story", "run"]
+__all__ = ["CRASH_KEY_ENV", "DEMO_CONFIG", "EXAMPLES", "Story", "configure", "prepare_story", "run"]
 
 PASSPHRASE = "demo"
 ROOM_NAME = "gapline demo"
 # Small pages make the fill visible page by page; the budget covers the whole gap,
 # so one press of `f` fills it.
 DEMO_CONFIG = EngineConfig(page_size=20, recent_pages=2, page_budget=30)
+# A test hook: the key named here makes the demo's TUI raise, as a bug would.
+CRASH_KEY_ENV = "GAPLINE_DEMO_CRASH_KEY"
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+DESCRIPTION = """\
+A throwaway homeserver, a room with a gap in its history, and the TUI to fill it.
+
+Starts Synapse on 127.0.0.1 in a temporary directory, writes a first stretch of
+history that the client keeps, closes the client, writes more, and opens the room
+again: press f to fill the gap, q to quit. Everything is removed on every way out
+(q, Ctrl-C, SIGTERM, the terminal closing, a crash)."""
+
+EXAMPLES = examples(
+    "gapline demo",
+    "gapline demo --headless --first 10 --more 100",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,41 +112,124 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="no terminal: run the TUI headless and save gap-before.svg / gap-after.svg in DIR",
     )
     parser.add_argument(
-        "--first", type=int, default=40, metavar="N", help="messages retained first (40)"
+        "--first", type=positive_int, default=40, metavar="N", help="messages retained first"
     )
     parser.add_argument(
-        "--more", type=int, default=300, metavar="N", help="messages written while away (300)"
+        "--more", type=positive_int, default=300, metavar="N", help="messages written while away"
     )
 
 
 def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
+    wants_terminal = not args.headless and args.screenshots is None
+    if wants_terminal and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise CommandError(
+            "the demo's TUI needs a terminal on stdin and stdout; "
+            "`gapline demo --headless` tells the same story as text",
+            Exit.NO_TERMINAL,
+        )
     return _main(args)
 
 
 def _say(text: str) -> None:
-    print(text, flush=True)
+    # After SIGHUP the terminal is gone: the teardown goes on without its messages.
+    with contextlib.suppress(OSError):
+        print(text, flush=True)
+
+
+class _Teardown:
+    """What the demo made, removed on every way out: synchronous and idempotent, so it
+    runs to the end even while signals keep arriving (the event loop is not running)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self._starting: Future[SynapseServer] | None = None
+
+    async def start_server(self) -> SynapseServer:
+        # The start runs in a thread, which a cancellation cannot stop: the future is kept
+        # so `close` waits for a start still under way and stops what it started.
+        executor = ThreadPoolExecutor(1, thread_name_prefix="gapline-demo-synapse")
+        self._starting = executor.submit(SynapseServer.start, self.workdir / "synapse")
+        executor.shutdown(wait=False)
+        return await asyncio.shield(asyncio.wrap_future(self._starting))
+
+    def close(self) -> None:
+        starting, self._starting = self._starting, None
+        if starting is not None:
+            # A start that failed stopped what it had started itself.
+            with contextlib.suppress(SynapseStartError):
+                starting.result().stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class _Stop:
+    """SIGINT, SIGTERM and SIGHUP end the demo through its teardown.
+
+    Before the TUI runs, a signal cancels the demo's task; while it runs, it asks the
+    app to exit (the app restores the terminal, when there is one, and closes its
+    engine). The first signal decides the exit status, 128 + its number.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.app: GaplineApp | None = None
+        self.task: asyncio.Task[Any] | None = None
+
+    @contextlib.contextmanager
+    def installed(self) -> Generator[_Stop]:
+        loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        for sig in _STOP_SIGNALS:
+            loop.add_signal_handler(sig, self.received, sig)
+        try:
+            yield self
+        finally:
+            for sig in _STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
+
+    def received(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if self.app is not None:
+            self.app.exit(return_code=128 + signum)
+        elif self.task is not None:
+            self.task.cancel()
+
+    @property
+    def status(self) -> int | None:
+        return None if self.signum is None else 128 + self.signum
 
 
 async def _main(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="gapline-demo-"))
-    _say("starting a throwaway Synapse on 127.0.0.1 …")
-    try:
-        server = await SynapseServer.astart(workdir / "synapse")
-    except SynapseStartError as exc:
-        print(f"gapline demo: Synapse could not start: {exc}\n{exc.log_tail}", file=sys.stderr)
-        shutil.rmtree(workdir, ignore_errors=True)
-        return 1
-    try:
-        story = await prepare_story(server, workdir / "store", first=args.first, more=args.more)
-        if args.screenshots is not None:
-            return await screenshots(story, args.screenshots)
-        if args.headless:
-            return await headless(story)
-        return await _tui(story)
-    finally:
-        await server.astop()
-        shutil.rmtree(workdir, ignore_errors=True)
-        _say("demo homeserver stopped; everything removed")
+    teardown = _Teardown(workdir)
+    with _Stop().installed() as stop:
+        try:
+            _say(f"starting a throwaway Synapse on 127.0.0.1 (files in {workdir}) …")
+            try:
+                server = await teardown.start_server()
+            except SynapseStartError as exc:
+                print(
+                    f"gapline demo: Synapse could not start: {exc}\n{exc.log_tail}",
+                    file=sys.stderr,
+                )
+                return Exit.FAILED
+            story = await prepare_story(server, workdir / "store", first=args.first, more=args.more)
+            if args.screenshots is not None:
+                return await screenshots(story, args.screenshots)
+            if args.headless:
+                return await headless(story)
+            return await _tui(story, stop)
+        except asyncio.CancelledError:
+            if stop.status is None:
+                raise
+            if stop.task is not None:
+                stop.task.uncancel()
+            return stop.status
+        finally:
+            teardown.close()
+            if stop.signum is not None:
+                _say(f"stopped by {signal.Signals(stop.signum).name}")
+            _say("demo homeserver stopped; everything removed")
 
 
 async def prepare_story(
@@ -265,29 +377,59 @@ async def headless(story: Story) -> int:
 # -- with a terminal ------------------------------------------------------------------------
 
 
-async def _tui(story: Story) -> int:
-    directory = RoomDirectory([RoomSummary(story.room_id, name=ROOM_NAME)])
-    app = GaplineApp(
-        demo_connect(story, directory),
-        rooms=directory,
-        room_id=story.room_id,
-        page_budget=DEMO_CONFIG.page_budget,
-        show_first_gap=True,
-    )
-    await app.run_async()
-    return 0
+class DemoApp(GaplineApp):
+    """The TUI on the demo room: Ctrl-C quits too (the demo is not a place to copy text),
+    and the crash hook of `CRASH_KEY_ENV` raises on its key, as a bug would."""
+
+    BINDINGS = [Binding("ctrl+c", "quit", "Quit", show=False, priority=True)]
+
+    def __init__(self, story: Story) -> None:
+        directory = RoomDirectory([RoomSummary(story.room_id, name=ROOM_NAME)])
+        super().__init__(
+            demo_connect(story, directory),
+            rooms=directory,
+            room_id=story.room_id,
+            page_budget=DEMO_CONFIG.page_budget,
+            show_first_gap=True,
+        )
+        self._crash_key = os.environ.get(CRASH_KEY_ENV) or None
+
+    def on_key(self, event: events.Key) -> None:
+        if event.key == self._crash_key:
+            raise RuntimeError(f"the demo TUI crashed on purpose (${CRASH_KEY_ENV})")
+
+
+async def _tui(story: Story, stop: _Stop) -> int:
+    app = DemoApp(story)
+    stop.app = app
+    try:
+        async with asyncio.TaskGroup() as group:
+            watch = group.create_task(_watch_terminal(stop), name="demo-terminal-watch")
+            try:
+                await app.run_async()
+            finally:
+                watch.cancel()
+    finally:
+        stop.app = None
+    if stop.status is not None:
+        return stop.status
+    return app.return_code or 0
+
+
+async def _watch_terminal(stop: _Stop, every: float = 0.5) -> None:
+    """A terminal that closed is a SIGHUP, even when the kernel sent that signal only to
+    the session's leader (`make demo` run straight from ``ssh -t``: make waits for its
+    children and tells them nothing)."""
+    while True:
+        await asyncio.sleep(every)  # polled: a hung-up terminal sends no event to wait on
+        if not os.isatty(sys.stdin.fileno()):
+            stop.received(signal.SIGHUP)
+            return
 
 
 async def screenshots(story: Story, out: Path, *, size: tuple[int, int] = (100, 30)) -> int:
     """The TUI on the demo room without a terminal: a screenshot before and after ``f``."""
-    directory = RoomDirectory([RoomSummary(story.room_id, name=ROOM_NAME)])
-    app = GaplineApp(
-        demo_connect(story, directory),
-        rooms=directory,
-        room_id=story.room_id,
-        page_budget=DEMO_CONFIG.page_budget,
-        show_first_gap=True,
-    )
+    app = DemoApp(story)
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     async with app.run_test(size=size) as pilot:
 
