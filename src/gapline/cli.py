@@ -18,6 +18,7 @@ import importlib
 import importlib.metadata
 import sys
 from collections.abc import Callable, Coroutine, Sequence
+from types import ModuleType
 from typing import Any
 
 from gapline.clikit import CommandError, CommandParser, Exit, HelpFormatter, examples
@@ -51,7 +52,7 @@ def version() -> str:
         return __version__
 
 
-def _top_parser() -> argparse.ArgumentParser:
+def top_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog="gapline",
         description="Message history that never pretends to be complete.\n\n"
@@ -69,7 +70,7 @@ def _top_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if not args_in or args_in[0] not in COMMANDS:
-        parser = _top_parser()
+        parser = top_parser()
         if not args_in:
             parser.print_help()
             return Exit.USAGE
@@ -79,9 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return Exit.OK
         parser.error(f"unknown command {args_in[0]!r}")
     name, rest = args_in[0], args_in[1:]
-    module_name, summary = COMMANDS[name]
     try:
-        module = importlib.import_module(module_name)
+        parser, module = command_parser(name)
     except ModuleNotFoundError as exc:
         print(
             f"gapline {name}: this command needs an optional part that is not installed "
@@ -89,6 +89,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return Exit.USAGE
+    args = parser.parse_args(rest)
+    return run_command(module.run, args)
+
+
+def command_parser(name: str) -> tuple[argparse.ArgumentParser, ModuleType]:
+    """The parser of ``gapline NAME`` and the module that runs it (imported now)."""
+    module_name, summary = COMMANDS[name]
+    module = importlib.import_module(module_name)
     parser = CommandParser(
         prog=f"gapline {name}",
         description=getattr(module, "DESCRIPTION", summary),
@@ -97,8 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.set_defaults(prog=parser.prog)
     module.configure(parser)
-    args = parser.parse_args(rest)
-    return run_command(module.run, args)
+    return parser, module
 
 
 def run_command(

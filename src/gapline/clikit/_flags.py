@@ -29,7 +29,7 @@ _LEVELS = {
 LOG_LEVELS = tuple(_LEVELS)
 
 
-def add_login_flags(parser: argparse.ArgumentParser, *, who: str = "the account") -> None:
+def add_login_flags(parser: argparse.ArgumentParser) -> None:
     """``--homeserver URL --user MXID`` and the password's sources."""
     parser.add_argument(
         "--homeserver",
@@ -43,7 +43,7 @@ def add_login_flags(parser: argparse.ArgumentParser, *, who: str = "the account"
         required=True,
         type=user_id,
         metavar="MXID",
-        help=f"{who} to log in as, a full Matrix user ID (@name:server)",
+        help="the account to log in as, a full Matrix user ID (@name:server)",
     )
     add_secret_flags(parser, PASSWORD)
 

@@ -96,7 +96,7 @@ def configure_logging(level: int = logging.INFO) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_login_flags(parser, who="the bot's account")
+    add_login_flags(parser)
     parser.add_argument(
         "--store",
         required=True,
