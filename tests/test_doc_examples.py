@@ -271,6 +271,19 @@ async def answer_to(server: SynapseServer, alice: Session, room: str, body: str)
         return await eventually(final, within=120, what=f"the answer to {body!r}")
 
 
+def run_to_end(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, cwd=cwd, env=environment(), capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.fixture
+async def alice(synapse: SynapseServer) -> Session:
+    """The accounts the examples name: the bot (its password is in the text) and alice."""
+    await account(synapse, "bot", BOT_PASSWORD)
+    return await account(synapse, "alice", "alice-password")
+
+
 async def room_with_the_bot(server: SynapseServer, alice: Session) -> str:
     room = await server.create_room(alice, name="doc example")
     await server.invite(alice, room, BOT)
@@ -281,10 +294,8 @@ async def room_with_the_bot(server: SynapseServer, alice: Session) -> str:
 
 @pytest.mark.timeout(300)
 async def test_the_bot_examples_answer_and_the_journal_pages(
-    synapse: SynapseServer, tmp_path: Path
+    synapse: SynapseServer, alice: Session, tmp_path: Path
 ) -> None:
-    await account(synapse, "bot", BOT_PASSWORD)
-    alice = await account(synapse, "alice", "alice-password")
     bot = RunningExample(
         command(EXAMPLES["bot-run"], tmp_path, **{HOMESERVER: synapse.base_url}), tmp_path
     )
@@ -303,10 +314,7 @@ async def test_the_bot_examples_answer_and_the_journal_pages(
     read = first_page
     bodies: list[str] = []
     for _ in range(10):
-        done = await asyncio.to_thread(
-            subprocess.run, read, cwd=tmp_path, env=environment(),
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        done = await asyncio.to_thread(run_to_end, read, tmp_path)
         assert done.returncode == 0, done.stderr
         rows = [json.loads(line) for line in done.stdout.splitlines()]
         assert len(rows) <= 2 and all(row["event_id"].startswith("$") for row in rows)
@@ -324,10 +332,8 @@ async def test_the_bot_examples_answer_and_the_journal_pages(
 
 @pytest.mark.timeout(300)
 async def test_the_handler_example_is_found_beside_the_bot(
-    synapse: SynapseServer, tmp_path: Path
+    synapse: SynapseServer, alice: Session, tmp_path: Path
 ) -> None:
-    await account(synapse, "bot", BOT_PASSWORD)
-    alice = await account(synapse, "alice", "alice-password")
     block = EXAMPLES["journal-handler-run"]
     save_files_before(block, tmp_path)
     assert (tmp_path / "myhandlers.py").is_file()

@@ -51,6 +51,7 @@ __all__ = [
     "DEVICE_FILE",
     "EXAMPLES",
     "add_engine_tuning",
+    "add_store_flags",
     "check_store",
     "configure",
     "engine_config",
@@ -114,15 +115,19 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         raise CommandError(str(exc), Exit.USAGE) from None
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_login_flags(parser)
+def add_store_flags(parser: argparse.ArgumentParser, *, default: str | None = None) -> None:
+    """``--store DIR``, its passphrase's sources and ``--device-id`` (bridge and tui).
+
+    ``default`` describes the directory used without ``--store``; None makes it required.
+    """
     parser.add_argument(
         "--store",
-        required=True,
+        required=default is None,
+        default=None,
         metavar="DIR",
         type=Path,
         help="directory of the encrypted cache, created if missing; it also remembers "
-        "the device to log in as",
+        "the device to log in as" + (f" (default: {default})" if default else ""),
     )
     add_secret_flags(parser, PASSPHRASE)
     parser.add_argument(
@@ -131,6 +136,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="device to log in as (default: the one the store remembers)",
     )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_login_flags(parser)
+    add_store_flags(parser)
     add_engine_tuning(parser)
     add_log_flags(parser)
 

@@ -26,7 +26,6 @@ from gapline.clikit import (
     CommandError,
     Exit,
     add_login_flags,
-    add_secret_flags,
     examples,
     resolve_secret,
     room_id,
@@ -35,6 +34,7 @@ from gapline.clikit import (
 from gapline.history import Engine, EngineConfig, EventSink
 from gapline.history.cli import (
     add_engine_tuning,
+    add_store_flags,
     check_store,
     engine_config,
     login_failure,
@@ -135,20 +135,8 @@ def engine_connect(
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_login_flags(parser)
-    parser.add_argument(
-        "--store",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="directory of the encrypted cache, created if missing "
-        "(default: $XDG_DATA_HOME/gapline/<user>, i.e. ~/.local/share/gapline/<user>)",
-    )
-    add_secret_flags(parser, PASSPHRASE)
-    parser.add_argument(
-        "--device-id",
-        metavar="ID",
-        default=None,
-        help="device to log in as (default: the one the store remembers)",
+    add_store_flags(
+        parser, default="$XDG_DATA_HOME/gapline/<user>, i.e. ~/.local/share/gapline/<user>"
     )
     parser.add_argument("--room", type=room_id, metavar="ROOM_ID", help="open this room first")
     add_engine_tuning(parser)

@@ -30,11 +30,11 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Coroutine, Generator, Sequence
+import threading
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from textual import events
 from textual.binding import Binding
@@ -63,6 +63,7 @@ from gapline.matrix import Session
 from gapline.matrix.devserver import SynapseServer, SynapseStartError
 from gapline.tui._app import GaplineApp
 from gapline.tui._text import item_line
+from gapline.tui._ways_out import WaysOut
 from gapline.tui.cli import engine_connect
 
 __all__ = ["CRASH_KEY_ENV", "DEMO_CONFIG", "EXAMPLES", "Story", "configure", "prepare_story", "run"]
@@ -74,7 +75,6 @@ ROOM_NAME = "gapline demo"
 DEMO_CONFIG = EngineConfig(page_size=20, recent_pages=2, page_budget=30)
 # A test hook: the key named here makes the demo's TUI raise, as a bug would.
 CRASH_KEY_ENV = "GAPLINE_DEMO_CRASH_KEY"
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 DESCRIPTION = """\
 A throwaway homeserver, a room with a gap in its history, and the TUI to fill it.
@@ -137,12 +137,14 @@ def _say(text: str) -> None:
 
 
 class _Teardown:
-    """What the demo made, removed on every way out: synchronous and idempotent, so it
-    runs to the end even while signals keep arriving (the event loop is not running)."""
+    """What the demo made, removed on every way out: synchronous, idempotent and
+    thread-safe (the ways-out watcher may run it when the demo itself cannot)."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self._starting: Future[SynapseServer] | None = None
+        self._lock = threading.Lock()
+        self._closed = False
 
     async def start_server(self) -> SynapseServer:
         # The start runs in a thread, which a cancellation cannot stop: the future is kept
@@ -153,56 +155,23 @@ class _Teardown:
         return await asyncio.shield(asyncio.wrap_future(self._starting))
 
     def close(self) -> None:
-        starting, self._starting = self._starting, None
-        if starting is not None:
-            # A start that failed stopped what it had started itself.
-            with contextlib.suppress(SynapseStartError):
-                starting.result().stop()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-class _Stop:
-    """SIGINT, SIGTERM and SIGHUP end the demo through its teardown.
-
-    Before the TUI runs, a signal cancels the demo's task; while it runs, it asks the
-    app to exit (the app restores the terminal, when there is one, and closes its
-    engine). The first signal decides the exit status, 128 + its number.
-    """
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.app: GaplineApp | None = None
-        self.task: asyncio.Task[Any] | None = None
-
-    @contextlib.contextmanager
-    def installed(self) -> Generator[_Stop]:
-        loop = asyncio.get_running_loop()
-        self.task = asyncio.current_task()
-        for sig in _STOP_SIGNALS:
-            loop.add_signal_handler(sig, self.received, sig)
-        try:
-            yield self
-        finally:
-            for sig in _STOP_SIGNALS:
-                loop.remove_signal_handler(sig)
-
-    def received(self, signum: int) -> None:
-        if self.signum is None:
-            self.signum = signum
-        if self.app is not None:
-            self.app.exit(return_code=128 + signum)
-        elif self.task is not None:
-            self.task.cancel()
-
-    @property
-    def status(self) -> int | None:
-        return None if self.signum is None else 128 + self.signum
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._starting is not None:
+                # A start that failed stopped what it had started itself.
+                with contextlib.suppress(SynapseStartError):
+                    self._starting.result().stop()
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 async def _main(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="gapline-demo-"))
     teardown = _Teardown(workdir)
-    with _Stop().installed() as stop:
+    ways = WaysOut(teardown.close)
+    with_tui = not args.headless and args.screenshots is None
+    with ways.installed(terminal=sys.stdin.fileno() if with_tui else None):
         try:
             _say(f"starting a throwaway Synapse on 127.0.0.1 (files in {workdir}) …")
             try:
@@ -218,17 +187,16 @@ async def _main(args: argparse.Namespace) -> int:
                 return await screenshots(story, args.screenshots)
             if args.headless:
                 return await headless(story)
-            return await _tui(story, stop)
+            return await _tui(story, ways)
         except asyncio.CancelledError:
-            if stop.status is None:
+            if ways.status is None or ways.task is None:
                 raise
-            if stop.task is not None:
-                stop.task.uncancel()
-            return stop.status
+            ways.task.uncancel()
+            return ways.status
         finally:
             teardown.close()
-            if stop.signum is not None:
-                _say(f"stopped by {signal.Signals(stop.signum).name}")
+            if ways.signum is not None:
+                _say(f"stopped by {signal.Signals(ways.signum).name}")
             _say("demo homeserver stopped; everything removed")
 
 
@@ -399,32 +367,16 @@ class DemoApp(GaplineApp):
             raise RuntimeError(f"the demo TUI crashed on purpose (${CRASH_KEY_ENV})")
 
 
-async def _tui(story: Story, stop: _Stop) -> int:
+async def _tui(story: Story, ways: WaysOut) -> int:
     app = DemoApp(story)
-    stop.app = app
+    ways.app = app
     try:
-        async with asyncio.TaskGroup() as group:
-            watch = group.create_task(_watch_terminal(stop), name="demo-terminal-watch")
-            try:
-                await app.run_async()
-            finally:
-                watch.cancel()
+        await app.run_async()
     finally:
-        stop.app = None
-    if stop.status is not None:
-        return stop.status
+        ways.app = None
+    if ways.status is not None:
+        return ways.status
     return app.return_code or 0
-
-
-async def _watch_terminal(stop: _Stop, every: float = 0.5) -> None:
-    """A terminal that closed is a SIGHUP, even when the kernel sent that signal only to
-    the session's leader (`make demo` run straight from ``ssh -t``: make waits for its
-    children and tells them nothing)."""
-    while True:
-        await asyncio.sleep(every)  # polled: a hung-up terminal sends no event to wait on
-        if not os.isatty(sys.stdin.fileno()):
-            stop.received(signal.SIGHUP)
-            return
 
 
 async def screenshots(story: Story, out: Path, *, size: tuple[int, int] = (100, 30)) -> int:
