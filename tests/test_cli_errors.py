@@ -263,6 +263,18 @@ def test_read_of_an_empty_postgres_database_creates_no_table(postgres_dsn: str) 
     assert tables == []
 
 
+def test_read_of_a_journal_from_a_newer_gapline(tmp_path: Path) -> None:
+    store = tmp_path / "j.sqlite3"
+    seed(store, [message(0, "hello")])
+    with sqlite3.connect(store) as db:
+        db.execute("INSERT INTO gapline_schema_migrations VALUES ('journal', 999, 'future', '')")
+    code, out, err = journal_read(str(store))
+    assert (code, out) == (Exit.STORE, "")
+    assert one_line(err, "gapline journal read").startswith(
+        f"gapline journal read: cannot read --store {store}"
+    )
+
+
 def test_read_of_an_unreachable_postgres_server() -> None:
     code, _, err = journal_read("postgresql://gapline@127.0.0.1:9/journal")
     assert code == Exit.STORE
@@ -348,6 +360,22 @@ def test_relay_address_in_use(tmp_path: Path) -> None:
     assert one_line(err, "gapline relay serve").startswith(
         f"gapline relay serve: cannot serve on 127.0.0.1:{port}:"
     )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--base-path", "meshline", "base path must start with /"),
+        ("--cleanup-interval", "0", "positive number"),
+        ("--rate", "-5", "positive number"),
+        ("--listen", "localhost", "HOST:PORT"),
+    ],
+)
+def test_relay_bad_values(tmp_path: Path, flag: str, value: str, says: str) -> None:
+    code, _, err = relay("--store", str(tmp_path / "r.db"), flag, value)
+    assert code == Exit.USAGE
+    assert says in only_line(err, "gapline relay serve")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_relay_accepts_db_as_the_same_flag_as_store(tmp_path: Path) -> None:

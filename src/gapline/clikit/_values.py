@@ -11,6 +11,7 @@ __all__ = [
     "event_id",
     "homeserver_url",
     "is_postgres",
+    "positive_float",
     "positive_int",
     "room_id",
     "user_id",
@@ -86,4 +87,14 @@ def positive_int(text: str) -> int:
         ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, not {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, not {text!r}")
     return value

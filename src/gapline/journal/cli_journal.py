@@ -41,7 +41,7 @@ from gapline.journal._reader import ConversationReader, StaleConversation
 from gapline.journal._schema import SCHEMA
 from gapline.journal._store import JournalStore
 from gapline.journal._types import ConversationKey, ConversationPage, Cursor, InvalidCursor
-from gapline.storage import Backend, StorageError
+from gapline.storage import Backend, MigrationError, StorageError
 
 __all__ = ["EXAMPLES", "configure", "run"]
 
@@ -146,6 +146,8 @@ async def _read(args: argparse.Namespace) -> int:
             raise CommandError(str(exc), Exit.STALE) from None
         _print(page)
         return Exit.OK
+    except MigrationError as exc:  # a journal written by a newer gapline
+        raise CommandError(f"cannot read --store {args.store}: {exc}", Exit.STORE) from None
     except StorageError as exc:
         raise CommandError(f"reading --store {args.store} failed: {exc}") from None
     finally:

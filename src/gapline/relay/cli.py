@@ -27,6 +27,7 @@ from gapline.clikit import (
     dsn,
     examples,
     log_level,
+    positive_float,
     positive_int,
     subcommand,
 )
@@ -162,7 +163,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--rate",
-        type=float,
+        type=positive_float,
         default=500.0,
         metavar="PER_SECOND",
         help="per-session request rate (token bucket refill); excess gets rate_limited + Retry-After",
@@ -183,7 +184,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--cleanup-interval",
-        type=float,
+        type=positive_float,
         default=30.0,
         metavar="SECONDS",
         help="how often the retention cleanup job runs",
@@ -211,7 +212,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--shutdown-timeout",
-        type=float,
+        type=positive_float,
         default=10.0,
         metavar="SECONDS",
         help="how long shutdown waits for in-flight requests",
