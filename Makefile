@@ -18,8 +18,9 @@ $(VENV)/.synced: uv.lock pyproject.toml | $(UV)
 	$(UV) sync --frozen --all-extras
 	touch $@
 
+# DEMO_ARGS: e.g. `make demo DEMO_ARGS="--first 10 --more 100"` (the tests use a short story).
 demo: $(VENV)/.synced
-	$(RUN) gapline demo
+	$(RUN) gapline demo $(DEMO_ARGS)
 
 test: $(VENV)/.synced lint types imports pytest
 

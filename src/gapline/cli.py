@@ -2,8 +2,12 @@
 
 Each subcommand lives in the package it drives and is imported only when it is
 run, so `gapline relay serve` never imports Textual and `gapline bot` never
-imports the relay. A command module provides ``configure(parser)`` and
-``run(args) -> int`` (or an ``async def run``).
+imports the relay. A command module provides ``configure(parser)``, ``run(args)
+-> int`` (or an ``async def run``) and ``EXAMPLES``, the epilog of its help.
+
+An expected failure is a `gapline.clikit.CommandError`: one line on stderr,
+``gapline COMMAND: message``, and its exit status (`gapline.clikit.Exit`). Ctrl-C
+before a command handles it itself is one line and status 130.
 """
 
 from __future__ import annotations
@@ -11,9 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import inspect
+import importlib.metadata
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from types import ModuleType
+from typing import Any
+
+from gapline.clikit import CommandError, CommandParser, Exit, HelpFormatter, examples
 
 # name -> (module, one-line summary). The summaries live here so `gapline --help`
 # needs no import of any command module.
@@ -29,13 +37,30 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "relay": ("gapline.relay.cli", "run a Meshline relay"),
 }
 
+EXAMPLES = examples(
+    "gapline demo --headless",
+    "gapline relay serve --listen 127.0.0.1:8787 --store relay.db --retention 604800",
+)
 
-def _top_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("gapline")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        from gapline import __version__
+
+        return __version__
+
+
+def top_parser() -> argparse.ArgumentParser:
+    parser = CommandParser(
         prog="gapline",
-        description="Message history that never pretends to be complete.",
-        epilog="Run `gapline COMMAND --help` for the flags of each command.",
+        description="Message history that never pretends to be complete.\n\n"
+        "Run `gapline COMMAND --help` for the flags of each command.",
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
     )
+    parser.add_argument("-V", "--version", action="version", version=f"gapline {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_module, summary) in COMMANDS.items():
         sub.add_parser(name, help=summary, add_help=False)
@@ -45,32 +70,75 @@ def _top_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if not args_in or args_in[0] not in COMMANDS:
-        parser = _top_parser()
-        if not args_in or args_in[0] in ("-h", "--help"):
+        parser = top_parser()
+        if not args_in:
             parser.print_help()
-            return 0 if args_in else 2
+            return Exit.USAGE
+        if args_in[0].startswith("-"):
+            parser.parse_args(args_in[:1])  # -h, -V: prints and exits 0; else a usage error
+            parser.print_help()
+            return Exit.OK
         parser.error(f"unknown command {args_in[0]!r}")
     name, rest = args_in[0], args_in[1:]
-    module_name, summary = COMMANDS[name]
     try:
-        module = importlib.import_module(module_name)
+        parser, module = command_parser(name)
     except ModuleNotFoundError as exc:
         print(
             f"gapline {name}: this command needs an optional part that is not installed "
             f"({exc.name}); install gapline with the matching extra, e.g. `pip install gapline[all]`",
             file=sys.stderr,
         )
-        return 2
-    parser = argparse.ArgumentParser(prog=f"gapline {name}", description=summary)
-    module.configure(parser)
+        return Exit.USAGE
     args = parser.parse_args(rest)
-    result = module.run(args)
-    if inspect.iscoroutine(result):
-        try:
-            result = asyncio.run(result)
-        except KeyboardInterrupt:
-            return 130
-    return int(result or 0)
+    return run_command(module.run, args)
+
+
+def command_parser(name: str) -> tuple[argparse.ArgumentParser, ModuleType]:
+    """The parser of ``gapline NAME`` and the module that runs it (imported now)."""
+    module_name, summary = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = CommandParser(
+        prog=f"gapline {name}",
+        description=getattr(module, "DESCRIPTION", summary),
+        epilog=getattr(module, "EXAMPLES", None),
+        formatter_class=HelpFormatter,
+    )
+    parser.set_defaults(prog=parser.prog)
+    module.configure(parser)
+    return parser, module
+
+
+def run_command(
+    run: Callable[[argparse.Namespace], int | Coroutine[Any, Any, int]], args: argparse.Namespace
+) -> int:
+    """Run a command's ``run`` (and its coroutine) and turn expected failures into a line
+    on stderr and an exit status."""
+    prog = getattr(args, "prog", "gapline")
+    try:
+        result = run(args)
+        status = asyncio.run(result) if isinstance(result, Coroutine) else result
+    except (CommandError, BaseExceptionGroup) as exc:
+        failure = _command_error(exc)
+        if failure is None:
+            raise
+        print(f"{prog}: {failure.message}", file=sys.stderr)
+        return int(failure.status)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return Exit.INTERRUPTED
+    return int(status or 0)
+
+
+def _command_error(exc: BaseException) -> CommandError | None:
+    """The `CommandError` to report: ``exc`` itself, or the first of an exception group
+    (a task group wraps what its body raised) that holds nothing else."""
+    if isinstance(exc, CommandError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        rest = exc.split(CommandError)[1]
+        if rest is None:
+            return _command_error(exc.exceptions[0])
+    return None
 
 
 if __name__ == "__main__":

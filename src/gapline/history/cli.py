@@ -1,12 +1,17 @@
 """`gapline bridge`: the history engine's wire protocol as JSON lines on stdin/stdout.
 
-    gapline bridge --homeserver URL --user MXID --password PW --store DIR
-                   [--passphrase P] [--device-id ID]
+    gapline bridge --homeserver URL --user MXID --store DIR
+                   [--password-file FILE | --password PASSWORD]
+                   [--passphrase-file FILE | --passphrase PASSPHRASE] [--device-id ID]
 
 Opens the engine's encrypted store in DIR (a wrong passphrase fails here,
 before any network request), logs in (reusing the device stored in DIR, so
-the server sees one device across restarts), starts the sync loop, and serves requests until end of input or ``"Shutdown"``. stdout carries
-protocol lines only; logs go to stderr. See docs/history.md.
+the server sees one device across restarts), starts the sync loop, and serves
+requests until end of input or ``"Shutdown"``. stdout carries protocol lines
+only; logs go to stderr. See docs/history.md.
+
+This module also holds what `gapline tui` shares with the bridge: the engine
+tuning flags and the store's ``device.json``.
 """
 
 from __future__ import annotations
@@ -20,61 +25,127 @@ import sys
 from collections.abc import Coroutine
 from pathlib import Path
 
+from gapline.clikit import (
+    PASSPHRASE,
+    PASSWORD,
+    CommandError,
+    Exit,
+    add_log_flags,
+    add_login_flags,
+    add_secret_flags,
+    examples,
+    log_level,
+    resolve_secret,
+    store_directory,
+)
 from gapline.history._bridge import Bridge, LineWriter, stream_lines
 from gapline.history._engine import Engine
 from gapline.history._mirror import Mirror
 from gapline.history._publish import Publisher
 from gapline.history._types import EngineConfig
-from gapline.matrix import MatrixClient, MatrixError
+from gapline.matrix import MatrixClient, MatrixError, MatrixUnavailable, Session
 from gapline.storage import StorageError, WrongPassphrase
 
-__all__ = ["configure", "run"]
+__all__ = [
+    "DESCRIPTION",
+    "DEVICE_FILE",
+    "EXAMPLES",
+    "add_engine_tuning",
+    "add_store_flags",
+    "check_store",
+    "configure",
+    "engine_config",
+    "login_failure",
+    "remember_device",
+    "run",
+    "stored_device",
+]
 
 log = logging.getLogger("gapline.history.bridge")
 
-DEVICE_FILE = "device.json"
+DEVICE_FILE = "device.json"  # `gapline tui` keeps the same file: one device per store
+
+DESCRIPTION = """\
+Speak the history engine's wire protocol as JSON lines on stdin/stdout.
+
+Opens the encrypted store in --store DIR first (a wrong passphrase fails before any
+network request), logs in reusing the device the store remembers, starts the sync loop
+and answers one JSON request per line until end of input or "Shutdown". stdout carries
+protocol lines only; logs go to stderr."""
+
+EXAMPLES = examples(
+    (
+        "gapline bridge --homeserver https://matrix.example.org --user @me:example.org",
+        "--password-file password.txt --passphrase-file passphrase.txt --store bridge-store",
+    ),
+    (
+        "printf '%s\\n' '\"DumpState\"' '\"Shutdown\"' | GAPLINE_PASSWORD=pw GAPLINE_PASSPHRASE=pp",
+        "gapline bridge --homeserver http://127.0.0.1:8008 --user @me:localhost --store bridge-store",
+    ),
+)
+
+_TUNING = (
+    ("page_size", "events per /messages page"),
+    ("page_budget", "pages one FillGap walks"),
+    ("recent_pages", "pages the recent load on open walks"),
+    ("initial_history_limit", "events paginated when a first recent load fails"),
+)
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--homeserver", required=True, metavar="URL", help="homeserver base URL")
-    parser.add_argument("--user", required=True, metavar="MXID", help="user to log in as")
-    parser.add_argument("--password", required=True, metavar="PW", help="the user's password")
-    parser.add_argument(
-        "--store", required=True, metavar="DIR", type=Path, help="directory of the durable cache"
-    )
-    parser.add_argument(
-        "--passphrase",
-        metavar="P",
-        default=None,
-        help="passphrase of the store's at-rest encryption (default: $GAPLINE_PASSPHRASE)",
-    )
-    parser.add_argument(
-        "--device-id",
-        metavar="ID",
-        default=None,
-        help="device to log in as (default: the stored one)",
-    )
+def add_engine_tuning(parser: argparse.ArgumentParser) -> None:
+    """The engine's tuning flags (bridge and tui): small values make gaps easy to demo."""
     tuning = parser.add_argument_group(
-        "engine tuning", "defaults are the seed's numbers; smaller values make gaps easy to demo"
+        "engine tuning", "small values make gaps cheap to demo and test"
     )
     defaults = EngineConfig()
-    for name, help_text in (
-        ("page_size", "events per /messages page"),
-        ("page_budget", "pages one FillGap walks"),
-        ("recent_pages", "pages the recent load on open walks"),
-        ("initial_history_limit", "events paginated when a first recent load fails"),
-    ):
+    for name, help_text in _TUNING:
         tuning.add_argument(
             "--" + name.replace("_", "-"),
             type=int,
             default=getattr(defaults, name),
             metavar="N",
-            help=f"{help_text} (default {getattr(defaults, name)})",
+            help=help_text,
         )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logs on stderr")
 
 
-def _stored_device(store: Path, user: str) -> str | None:
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    try:
+        return EngineConfig(**{name: getattr(args, name) for name, _ in _TUNING})
+    except ValueError as exc:
+        raise CommandError(str(exc), Exit.USAGE) from None
+
+
+def add_store_flags(parser: argparse.ArgumentParser, *, default: str | None = None) -> None:
+    """``--store DIR``, its passphrase's sources and ``--device-id`` (bridge and tui).
+
+    ``default`` describes the directory used without ``--store``; None makes it required.
+    """
+    parser.add_argument(
+        "--store",
+        required=default is None,
+        default=None,
+        metavar="DIR",
+        type=Path,
+        help="directory of the encrypted cache, created if missing; it also remembers "
+        "the device to log in as" + (f" (default: {default})" if default else ""),
+    )
+    add_secret_flags(parser, PASSPHRASE)
+    parser.add_argument(
+        "--device-id",
+        metavar="ID",
+        default=None,
+        help="device to log in as (default: the one the store remembers)",
+    )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_login_flags(parser)
+    add_store_flags(parser)
+    add_engine_tuning(parser)
+    add_log_flags(parser)
+
+
+def stored_device(store: Path, user: str) -> str | None:
     """The device ID this store logged in with before, if it was for the same user."""
     try:
         data = json.loads((store / DEVICE_FILE).read_text())
@@ -83,55 +154,66 @@ def _stored_device(store: Path, user: str) -> str | None:
     except (OSError, ValueError) as exc:
         log.warning("ignoring unreadable %s: %s", store / DEVICE_FILE, exc)
         return None
-    if (
-        isinstance(data, dict)
-        and data.get("user") == user
-        and isinstance(data.get("device_id"), str)
-    ):
-        return data["device_id"]
+    if isinstance(data, dict) and data.get("user") == user:
+        device = data.get("device_id")
+        return device if isinstance(device, str) else None
     return None
 
 
-def _remember_device(store: Path, user: str, user_id: str, device_id: str) -> None:
-    # Only identifiers, never the access token: the bridge logs in with the
-    # password every start, so no credential sits in the store directory.
+def remember_device(store: Path, user: str, session: Session) -> None:
+    # Only identifiers, never the access token: every start logs in with the
+    # password, so no credential sits in the store directory.
     path = store / DEVICE_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"user": user, "user_id": user_id, "device_id": device_id}) + "\n")
-    os.replace(tmp, path)
+    data = {"user": user, "user_id": session.user_id, "device_id": session.device_id}
+    try:
+        tmp.write_text(json.dumps(data) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise CommandError(f"cannot write {path}: {exc.strerror or exc}", Exit.STORE) from None
 
 
-def run(args: argparse.Namespace) -> int | Coroutine[None, None, int]:
-    """Check the flags and the store directory, then hand back the serving coroutine."""
+def login_failure(homeserver: str, user: str, exc: MatrixError) -> CommandError:
+    """The one line for a login that did not happen: unreachable server, or refused."""
+    if isinstance(exc, MatrixUnavailable):
+        return CommandError(f"cannot reach the homeserver at {homeserver}: {exc}")
+    return CommandError(f"login as {user} failed: {exc}")
+
+
+async def check_store(store: Path, passphrase: str) -> None:
+    """Open and close the store offline, so a wrong passphrase (status 1) or a store that
+    cannot be used (status 4) is one line before any screen opens."""
+    try:
+        async with Engine.open(store, None, passphrase=passphrase, sync=False):
+            pass
+    except WrongPassphrase as exc:
+        raise CommandError(f"cannot open the store in {store}: {exc}") from None
+    except StorageError as exc:
+        raise CommandError(f"cannot open the store in {store}: {exc}", Exit.STORE) from None
+
+
+def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
+    """Check the flags, the store directory and the secrets, then hand back the serving
+    coroutine."""
     logging.basicConfig(
         stream=sys.stderr,
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=log_level(args),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    store: Path = args.store
-    try:
-        store.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(f"gapline bridge: cannot use store directory {store}: {exc}", file=sys.stderr)
-        return 2
-    try:
-        config = EngineConfig(
-            page_size=args.page_size,
-            page_budget=args.page_budget,
-            recent_pages=args.recent_pages,
-            initial_history_limit=args.initial_history_limit,
-        )
-    except ValueError as exc:
-        print(f"gapline bridge: {exc}", file=sys.stderr)
-        return 2
-    device_id = args.device_id or _stored_device(store, args.user)
-    passphrase = args.passphrase or os.environ.get("GAPLINE_PASSPHRASE")
-    if not passphrase:
+    store = store_directory(args.store)
+    config = engine_config(args)
+    password = resolve_secret(args, PASSWORD, prompt=f"password for {args.user}: ")
+    assert password is not None
+    passphrase = resolve_secret(
+        args, PASSPHRASE, prompt=f"passphrase of the store in {store}: ", required=False
+    )
+    if passphrase is None:
         log.warning(
-            "no --passphrase and no $GAPLINE_PASSPHRASE: the store's key is wrapped "
-            "with an empty passphrase"
+            "no --passphrase-file, no $GAPLINE_PASSPHRASE and no terminal to ask on: "
+            "the store's key is wrapped with an empty passphrase"
         )
-    return _serve(args, config, store, device_id, passphrase)
+    device_id = args.device_id or stored_device(store, args.user)
+    return _serve(args, config, store, device_id, password, passphrase or "")
 
 
 async def _serve(
@@ -139,45 +221,48 @@ async def _serve(
     config: EngineConfig,
     store: Path,
     device_id: str | None,
-    passphrase: str | None,
+    password: str,
+    passphrase: str,
 ) -> int:
     writer = LineWriter(sys.stdout.buffer)
     mirror = Mirror()
     publisher = Publisher([mirror, writer])
+    opened = False
+    failure: CommandError | None = None
     async with MatrixClient(args.homeserver) as client:
         try:
             # The store first: a wrong passphrase is a clear error before any
             # network request. The sync loop starts only once the client is logged in.
             async with Engine.open(
-                store,
-                client,
-                config=config,
-                passphrase=passphrase or "",
-                sink=publisher,
-                sync=False,
+                store, client, config=config, passphrase=passphrase, sink=publisher, sync=False
             ) as engine:
+                opened = True
+                # Failures are raised after the engine closed (its task group would
+                # wrap them in an exception group).
                 try:
                     session = await client.login(
                         args.user,
-                        args.password,
+                        password,
                         device_id=device_id,
                         initial_device_display_name="gapline bridge",
                     )
+                    await asyncio.to_thread(remember_device, store, args.user, session)
                 except MatrixError as exc:
-                    print(f"gapline bridge: login as {args.user} failed: {exc}", file=sys.stderr)
-                    return 1
-                await asyncio.to_thread(
-                    _remember_device, store, args.user, session.user_id, session.device_id
-                )
-                log.info("logged in as %s (device %s)", session.user_id, session.device_id)
-                engine.start_sync()
-                return await Bridge(engine, writer, mirror).run(stream_lines(sys.stdin.buffer))
+                    failure = login_failure(args.homeserver, args.user, exc)
+                except CommandError as exc:
+                    failure = exc
+                else:
+                    log.info("logged in as %s (device %s)", session.user_id, session.device_id)
+                    engine.start_sync()
+                    return await Bridge(engine, writer, mirror).run(stream_lines(sys.stdin.buffer))
         except WrongPassphrase:
-            print(f"gapline bridge: wrong passphrase for the store in {store}", file=sys.stderr)
-            return 1
+            raise CommandError(f"wrong passphrase for the store in {store}") from None
         except StorageError as exc:
-            print(f"gapline bridge: cannot open the store in {store}: {exc}", file=sys.stderr)
-            return 1
+            if not opened:
+                raise CommandError(f"cannot open the store in {store}: {exc}", Exit.STORE) from None
+            raise CommandError(f"the store in {store} failed: {exc}") from None
         except BrokenPipeError:
             log.info("stdout closed; stopping")
-            return 0
+            return Exit.OK
+    assert failure is not None
+    raise failure

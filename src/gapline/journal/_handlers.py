@@ -17,12 +17,16 @@ Progress is transport-only (contract 4): it is shown while the turn runs and
 never reaches the journal's projection. Only the final text is durable.
 
 Handlers are looked up by name: a built-in name (``echo``) or
-``package.module:function`` for your own.
+``package.module:function`` for your own, found on the import path or, failing
+that, in the current directory (``myhandlers.py`` beside where ``gapline bot``
+runs), as ``python script.py`` would find a module beside the script.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
@@ -109,7 +113,8 @@ BUILTIN_HANDLERS: dict[str, Handler] = {"echo": echo}
 
 
 def resolve_handler(name: str) -> Handler:
-    """A built-in handler by name, or ``module:function`` imported from the path."""
+    """A built-in handler by name, or ``module:function`` imported from the import path or
+    the current directory."""
     if name in BUILTIN_HANDLERS:
         return BUILTIN_HANDLERS[name]
     module_name, sep, attr = name.partition(":")
@@ -117,10 +122,26 @@ def resolve_handler(name: str) -> Handler:
         known = ", ".join(sorted(BUILTIN_HANDLERS))
         raise HandlerError(f"unknown handler {name!r}: use one of {known} or module:function")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_here(module_name)
     except ImportError as exc:
         raise HandlerError(f"cannot import handler module {module_name!r}: {exc}") from exc
     handler = getattr(module, attr, None)
     if handler is None or not callable(handler):
         raise HandlerError(f"{module_name!r} has no callable {attr!r}")
     return handler
+
+
+def _import_here(module_name: str) -> object:
+    """Import ``module_name``; when its top package is on no import path, look in the
+    current directory too. The directory goes last on the path, so a file there never
+    shadows an installed module the bot itself imports later."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = module_name.partition(".")[0]
+        here = os.getcwd()
+        if exc.name != top or here in sys.path:
+            raise
+        sys.path.append(here)
+        importlib.invalidate_caches()
+        return importlib.import_module(module_name)

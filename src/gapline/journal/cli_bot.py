@@ -2,8 +2,9 @@
 
 ::
 
-    gapline bot --homeserver http://127.0.0.1:8008 --user @bot:localhost --password PW \\
-        --store bot.sqlite3 --handler echo [--allow-inviter @alice:localhost ...]
+    gapline bot --homeserver http://127.0.0.1:8008 --user @bot:localhost \\
+        --password-file bot.password --store bot.sqlite3 --handler echo \\
+        [--allow-inviter @alice:localhost ...]
 
 Logs are JSON lines on stderr. SIGTERM (or Ctrl-C) stops the bot cleanly:
 every task is cancelled, nothing committed is lost, and whatever was in
@@ -19,14 +20,50 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Coroutine
 
+from gapline.clikit import (
+    PASSWORD,
+    CommandError,
+    Exit,
+    add_log_flags,
+    add_login_flags,
+    dsn,
+    examples,
+    log_level,
+    positive_int,
+    resolve_secret,
+    user_id,
+)
 from gapline.journal._bot import Bot, BotConfig
 from gapline.journal._handlers import BUILTIN_HANDLERS, HandlerError, resolve_handler
 from gapline.journal._sidecar import DEFAULT_SIDECAR_LIMIT
 from gapline.matrix import MatrixError
 from gapline.storage import StorageError
 
-__all__ = ["JsonLogFormatter", "configure", "configure_logging", "run"]
+__all__ = ["EXAMPLES", "JsonLogFormatter", "configure", "configure_logging", "run"]
+
+log = logging.getLogger("gapline.journal.bot")
+
+DESCRIPTION = """\
+Run a Matrix bot on the event journal: every message is admitted exactly once,
+answered by the handler, and delivered through crashes.
+
+Logs are JSON lines on stderr ("msg": "ready" once the first sync is in).
+SIGTERM or Ctrl-C stops it cleanly (exit status 0); the next start resumes
+whatever was in flight."""
+
+EXAMPLES = examples(
+    (
+        "GAPLINE_PASSWORD=secret gapline bot --homeserver http://127.0.0.1:8008",
+        "--user @bot:localhost --store bot.sqlite3 --handler echo",
+    ),
+    (
+        "gapline bot --homeserver https://matrix.example.org --user @bot:example.org",
+        "--password-file bot.password --store postgresql://gapline@db/journal",
+        "--handler myhandlers:summarise",
+    ),
+)
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -59,50 +96,78 @@ def configure_logging(level: int = logging.INFO) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--homeserver", required=True, help="homeserver base URL")
-    parser.add_argument("--user", required=True, help="the bot's Matrix ID (@bot:example.org)")
-    parser.add_argument("--password", required=True, help="the bot's password")
+    add_login_flags(parser)
     parser.add_argument(
-        "--store", required=True, help="journal DSN: a SQLite path or a postgresql:// URL"
+        "--store",
+        required=True,
+        type=dsn,
+        metavar="DSN",
+        help="the journal, created if missing: a SQLite file path, or a postgresql:// URL "
+        "that several bots share",
     )
     parser.add_argument(
         "--handler",
         required=True,
-        help=f"built-in handler ({', '.join(sorted(BUILTIN_HANDLERS))}) or module:function",
+        metavar="NAME",
+        help=f"what answers each message: a built-in ({', '.join(sorted(BUILTIN_HANDLERS))}) "
+        "or module:function, the module found from the current directory or the import path",
     )
     parser.add_argument(
         "--allow-inviter",
         action="append",
         default=[],
+        type=user_id,
         metavar="MXID",
         help="accept invites only from this user (repeatable; default: anyone)",
     )
     parser.add_argument(
         "--sidecar-limit",
-        type=int,
+        type=positive_int,
         default=DEFAULT_SIDECAR_LIMIT,
-        help="replies longer than this many characters are sent as a preview plus an attachment",
+        metavar="N",
+        help="replies longer than N characters are sent as a preview plus an attachment",
     )
-    parser.add_argument("--verbose", action="store_true", help="debug logging")
+    add_log_flags(parser)
 
 
-async def run(args: argparse.Namespace) -> int:
-    configure_logging(logging.DEBUG if args.verbose else logging.INFO)
-    log = logging.getLogger("gapline.journal.bot")
+def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
+    """Resolve the handler and the password before the event loop starts (a prompt is
+    answered, or interrupted, before anything runs), then hand back the bot."""
+    configure_logging(log_level(args))
     try:
         handler = resolve_handler(args.handler)
     except HandlerError as exc:
-        print(f"gapline bot: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc), Exit.USAGE) from None
+    password = resolve_secret(
+        args, PASSWORD, prompt=f"password for {args.user}: ", warn=log.warning
+    )
+    assert password is not None
     config = BotConfig(
         homeserver=args.homeserver,
         user=args.user,
-        password=args.password,
+        password=password,
         store=args.store,
         handler=handler,
         allow_inviters=frozenset(args.allow_inviter),
         sidecar_limit=args.sidecar_limit,
     )
+    return _run(config)
+
+
+async def _run(config: BotConfig) -> int:
+    from gapline.storage import open_backend
+
+    try:
+        backend = await open_backend(config.store)
+    except StorageError as exc:
+        raise CommandError(f"cannot open --store {config.store}: {exc}", Exit.STORE) from None
+    try:
+        return await _until_signal(Bot(config, backend=backend))
+    finally:
+        await backend.close()
+
+
+async def _until_signal(bot: Bot) -> int:
     main = asyncio.current_task()
     assert main is not None
     loop = asyncio.get_running_loop()
@@ -119,16 +184,17 @@ async def run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop)
     started = time.monotonic()
     try:
-        await Bot(config).run()
+        await bot.run()
     except asyncio.CancelledError:
         if not stopping:
             raise
+        main.uncancel()
         log.info("stopped", extra={"uptime_s": round(time.monotonic() - started, 1)})
-        return 0
+        return Exit.OK
     except (MatrixError, StorageError) as exc:
         log.error("bot failed", extra={"error": str(exc), "error_type": type(exc).__name__})
-        return 1
+        return Exit.FAILED
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-    return 0
+    return Exit.OK

@@ -1,4 +1,10 @@
-"""`gapline relay serve`: run a Meshline relay process."""
+"""`gapline relay serve`: run a Meshline relay process.
+
+    gapline relay serve --listen HOST:PORT --store DSN --retention SECONDS
+                        [--network-context CONTEXT] [--relay-key FILE] ...
+
+``--db`` is the same flag as ``--store`` (the name the relay had first).
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,37 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gapline.clikit import (
+    CommandError,
+    Exit,
+    add_log_flags,
+    dsn,
+    examples,
+    log_level,
+    positive_float,
+    positive_int,
+    subcommand,
+)
 from gapline.relay._config import DEFAULT_NETWORK_CONTEXT
 
-__all__ = ["configure", "run"]
+__all__ = ["EXAMPLES", "configure", "run"]
+
+if TYPE_CHECKING:
+    from gapline.relay._config import RelayConfig
+
+SERVE_EXAMPLES = examples(
+    "gapline relay serve --listen 127.0.0.1:8787 --store relay.db --retention 604800",
+    (
+        "gapline relay serve --listen 0.0.0.0:8443 --store postgresql://relay@db/relay",
+        "--retention 604800 --public-url https://relay.example/meshline/v1",
+        "--tls-cert cert.pem --tls-key key.pem",
+    ),
+)
+EXAMPLES = SERVE_EXAMPLES
 
 _LOG_FIELDS = ("method", "url", "relay_id", "records", "visibility", "sends", "channel", "dsn")
 
@@ -46,42 +77,43 @@ def _listen(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _positive(value: str) -> int:
-    if not value.isdigit() or int(value) <= 0:
-        raise argparse.ArgumentTypeError("expected a positive whole number")
-    return int(value)
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="relay_command", metavar="SUBCOMMAND", required=True)
-    serve = sub.add_parser(
+    serve = subcommand(
+        sub,
         "serve",
         help="serve the Meshline base-module methods over HTTP(S) and WebSocket JSON-RPC",
         description=(
-            "Serve a Meshline Protocol 1.0 relay that keeps per-account message timelines. "
-            "HTTP methods live under --base-path (method dots become slashes); the WebSocket "
-            "JSON-RPC endpoint is the base path itself; /metrics (Prometheus) and /health sit "
-            "at the root. Runs standalone: no on-chain registry and no relay DHT; the relay is "
-            "the home relay of every account that publishes its device state to it."
+            "Serve a Meshline Protocol 1.0 relay that keeps per-account message timelines.\n\n"
+            "HTTP methods live under --base-path (method dots become slashes); the WebSocket\n"
+            "JSON-RPC endpoint is the base path itself; /metrics (Prometheus) and /health sit\n"
+            "at the root. Runs standalone: no on-chain registry and no relay DHT; the relay is\n"
+            "the home relay of every account that publishes its device state to it.\n"
+            "It prints one JSON line on stdout once it listens and stops gracefully on\n"
+            "SIGTERM or Ctrl-C (exit status 0)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        examples=SERVE_EXAMPLES,
     )
     serve.add_argument(
         "--listen",
         type=_listen,
-        default=("127.0.0.1", 8787),
+        default="127.0.0.1:8787",
         metavar="HOST:PORT",
         help="address to bind (plain HTTP is meant for loopback; use --tls-cert elsewhere)",
     )
     serve.add_argument(
+        "--store",
         "--db",
+        dest="store",
         required=True,
+        type=dsn,
         metavar="DSN",
-        help="SQLite file path, or a postgresql:// URL so several relay processes share timelines",
+        help="the relay's database, created if missing: a SQLite file path, or a "
+        "postgresql:// URL so several relay processes share timelines",
     )
     serve.add_argument(
         "--retention",
-        type=_positive,
+        type=positive_int,
         required=True,
         metavar="SECONDS",
         help="message_retention: how long each accepted record is kept (fixed per record at acceptance)",
@@ -109,131 +141,171 @@ def configure(parser: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--base-path",
         default="/meshline/v1",
+        metavar="PATH",
         help="URL path of the methods and the WebSocket endpoint",
     )
-    serve.add_argument("--name", default="gapline relay", help="relay name in relay.info")
     serve.add_argument(
-        "--tls-cert", type=Path, metavar="PEM", help="serve HTTPS/WSS with this certificate chain"
+        "--name", default="gapline relay", metavar="NAME", help="relay name in relay.info"
     )
-    serve.add_argument("--tls-key", type=Path, metavar="PEM", help="private key of --tls-cert")
+    serve.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="FILE",
+        help="serve HTTPS/WSS with this PEM certificate chain",
+    )
+    serve.add_argument("--tls-key", type=Path, metavar="FILE", help="PEM private key of --tls-cert")
     serve.add_argument(
         "--max-request-bytes",
-        type=_positive,
+        type=positive_int,
         default=1024 * 1024,
+        metavar="N",
         help="largest HTTP body or WebSocket text frame (larger frames close 1009)",
     )
     serve.add_argument(
         "--rate",
-        type=float,
+        type=positive_float,
         default=500.0,
         metavar="PER_SECOND",
         help="per-session request rate (token bucket refill); excess gets rate_limited + Retry-After",
     )
     serve.add_argument(
-        "--burst", type=_positive, default=1000, help="per-session token bucket size"
+        "--burst",
+        type=positive_int,
+        default=1000,
+        metavar="N",
+        help="per-session token bucket size",
     )
     serve.add_argument(
         "--ws-queue",
-        type=_positive,
+        type=positive_int,
         default=256,
+        metavar="N",
         help="outbound messages queued per WebSocket before its reader is paused",
     )
     serve.add_argument(
         "--cleanup-interval",
-        type=float,
+        type=positive_float,
         default=30.0,
         metavar="SECONDS",
         help="how often the retention cleanup job runs",
     )
     serve.add_argument(
         "--clock-skew",
-        type=_positive,
+        type=positive_int,
         default=300,
         metavar="SECONDS",
         help="tolerated client clock difference (auth timestamp, envelope created_at)",
     )
     serve.add_argument(
         "--delivery-age-limit",
-        type=_positive,
+        type=positive_int,
         default=7 * 86400,
         metavar="SECONDS",
         help="oldest envelope created_at accepted by message.send",
     )
     serve.add_argument(
-        "--page-limit", type=_positive, default=200, help="largest message.timeline.sync page"
+        "--page-limit",
+        type=positive_int,
+        default=200,
+        metavar="N",
+        help="largest message.timeline.sync page",
     )
     serve.add_argument(
         "--shutdown-timeout",
-        type=float,
+        type=positive_float,
         default=10.0,
         metavar="SECONDS",
         help="how long shutdown waits for in-flight requests",
     )
-    serve.add_argument(
-        "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="threshold of the JSON log lines written to stderr",
-    )
+    add_log_flags(serve)
 
 
-async def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
     from gapline.meshline import MeshlineError, NetworkContext
     from gapline.relay._config import RelayConfig
-    from gapline.relay._server import RelayServer
-    from gapline.storage import StorageError
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLogFormatter())
     root = logging.getLogger("gapline")
     root.handlers[:] = [handler]
-    root.setLevel(args.log_level.upper())
+    root.setLevel(log_level(args))
     root.propagate = False
-    log = logging.getLogger("gapline.relay")
 
     try:
         context = NetworkContext(args.network_context)
     except MeshlineError as exc:
-        print(f"gapline relay serve: --network-context: {exc.message}", file=sys.stderr)
-        return 2
+        raise CommandError(f"--network-context: {exc.message}", Exit.USAGE) from None
     if (args.tls_cert is None) != (args.tls_key is None):
-        print("gapline relay serve: --tls-cert and --tls-key go together", file=sys.stderr)
-        return 2
+        raise CommandError("--tls-cert and --tls-key go together", Exit.USAGE)
+    for flag, path in (
+        ("--relay-key", args.relay_key),
+        ("--tls-cert", args.tls_cert),
+        ("--tls-key", args.tls_key),
+    ):
+        if path is not None and not path.is_file():
+            raise CommandError(f"{flag} {path}: no such file", Exit.USAGE)
     host, port = args.listen
-    config = RelayConfig(
-        dsn=args.db,
-        retention=args.retention,
-        host=host,
-        port=port,
-        network_context=context,
-        relay_key_file=args.relay_key,
-        public_url=args.public_url,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        name=args.name,
-        base_path=args.base_path.rstrip("/") or "/meshline/v1",
-        max_request_bytes=args.max_request_bytes,
-        rate_per_second=args.rate,
-        rate_burst=args.burst,
-        ws_queue=args.ws_queue,
-        cleanup_interval=args.cleanup_interval,
-        clock_skew=args.clock_skew,
-        delivery_age_limit=args.delivery_age_limit,
-        page_limit=args.page_limit,
-        shutdown_timeout=args.shutdown_timeout,
-    )
+    try:
+        config = RelayConfig(
+            dsn=args.store,
+            retention=args.retention,
+            host=host,
+            port=port,
+            network_context=context,
+            relay_key_file=args.relay_key,
+            public_url=args.public_url,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            name=args.name,
+            base_path=args.base_path.rstrip("/") or "/meshline/v1",
+            max_request_bytes=args.max_request_bytes,
+            rate_per_second=args.rate,
+            rate_burst=args.burst,
+            ws_queue=args.ws_queue,
+            cleanup_interval=args.cleanup_interval,
+            clock_skew=args.clock_skew,
+            delivery_age_limit=args.delivery_age_limit,
+            page_limit=args.page_limit,
+            shutdown_timeout=args.shutdown_timeout,
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc), Exit.USAGE) from None
+    return _serve(config, args)
+
+
+async def _serve(config: RelayConfig, args: argparse.Namespace) -> int:
+    from gapline.meshline import MeshlineError
+    from gapline.relay._server import RelayServer
+    from gapline.storage import StorageError
+
+    log = logging.getLogger("gapline.relay")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    started = False
     try:
         async with RelayServer.start(config) as server:
+            started = True
             # One line on stdout that scripts (and tests) can wait for.
             print(json.dumps({"listening": server.describe()}), flush=True)
             await stop.wait()
             log.info("shutting down")
-    except (StorageError, OSError) as exc:
-        print(f"gapline relay serve: {exc}", file=sys.stderr)
-        return 1
+    except StorageError as exc:
+        if not started:
+            raise CommandError(f"cannot open --store {args.store}: {exc}", Exit.STORE) from None
+        raise CommandError(f"the database failed: {exc}") from None
+    except (MeshlineError, ValueError) as exc:
+        if started or args.relay_key is None:
+            raise
+        raise CommandError(
+            f"--relay-key {args.relay_key} is not a P-256 key (32 raw bytes or base64url "
+            f"text): {exc}",
+            Exit.USAGE,
+        ) from None
+    except OSError as exc:
+        if started:
+            raise CommandError(str(exc)) from None
+        raise CommandError(f"cannot serve on {args.listen[0]}:{args.listen[1]}: {exc}") from None
     return 0

@@ -1,6 +1,8 @@
 """`gapline tui`: log in, open the encrypted store, run the terminal client.
 
-    gapline tui --homeserver URL --user MXID [--store DIR] [--password-file F]
+    gapline tui --homeserver URL --user MXID [--store DIR] [--room ROOM_ID]
+                [--password-file FILE | --password PASSWORD]
+                [--passphrase-file FILE | --passphrase PASSPHRASE] [--device-id ID]
 
 This module and ``demo`` are the command glue: they alone import
 ``gapline.matrix`` (to log in and to build the client the engine syncs with).
@@ -11,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import getpass
-import json
 import logging
 import os
 import sys
@@ -20,16 +20,49 @@ from collections.abc import AsyncGenerator, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
+from gapline.clikit import (
+    PASSPHRASE,
+    PASSWORD,
+    CommandError,
+    Exit,
+    add_login_flags,
+    examples,
+    resolve_secret,
+    room_id,
+    store_directory,
+)
 from gapline.history import Engine, EngineConfig, EventSink
+from gapline.history.cli import (
+    add_engine_tuning,
+    add_store_flags,
+    check_store,
+    engine_config,
+    login_failure,
+    remember_device,
+    stored_device,
+)
 from gapline.history.rooms import RoomDirectory
 from gapline.matrix import MatrixClient, MatrixError, Session, SyncResponse
 from gapline.tui._app import Connect, EngineHandle, GaplineApp
 
-__all__ = ["configure", "engine_connect", "run"]
+__all__ = ["DESCRIPTION", "EXAMPLES", "configure", "engine_connect", "run"]
 
 log = logging.getLogger("gapline.tui")
 
-DEVICE_FILE = "device.json"  # the same file `gapline bridge` keeps: one device per store
+DESCRIPTION = """\
+Read Matrix rooms in the terminal, every gap in a room's history shown where it is.
+
+Asks for the password and the store's passphrase unless a file or the environment
+gives them, logs in reusing the device the store remembers, checks the passphrase,
+then opens the screen: f fills the selected gap, q quits."""
+
+EXAMPLES = examples(
+    "gapline tui --homeserver https://matrix.example.org --user @me:example.org",
+    (
+        "gapline tui --homeserver https://matrix.example.org --user @me:example.org",
+        "--password-file password.txt --room '!abc:example.org'",
+    ),
+)
 # The room list's first look at the account: names and unread counts, no timeline.
 ROOM_LIST_FILTER: Mapping[str, Any] = {
     "room": {
@@ -101,25 +134,12 @@ def engine_connect(
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--homeserver", required=True, metavar="URL", help="homeserver base URL")
-    parser.add_argument("--user", required=True, metavar="MXID", help="user to log in as")
-    parser.add_argument(
-        "--store",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="directory of the encrypted cache (default: ~/.local/share/gapline/<user>)",
+    add_login_flags(parser)
+    add_store_flags(
+        parser, default="$XDG_DATA_HOME/gapline/<user>, i.e. ~/.local/share/gapline/<user>"
     )
-    parser.add_argument(
-        "--password-file", type=Path, metavar="F", help="read the password from F, not a prompt"
-    )
-    parser.add_argument("--room", metavar="ROOM_ID", help="open this room first")
-    tuning = parser.add_argument_group("engine tuning", "defaults are the seed's numbers")
-    defaults = EngineConfig()
-    for name in ("page_size", "page_budget", "recent_pages"):
-        tuning.add_argument(
-            "--" + name.replace("_", "-"), type=int, default=getattr(defaults, name), metavar="N"
-        )
+    parser.add_argument("--room", type=room_id, metavar="ROOM_ID", help="open this room first")
+    add_engine_tuning(parser)
 
 
 def _default_store(user: str) -> Path:
@@ -127,50 +147,23 @@ def _default_store(user: str) -> Path:
     return base / "gapline" / user.lstrip("@").replace(":", "_")
 
 
-def stored_device(store: Path, user: str) -> str | None:
-    """The device this store logged in with before (for the same user), if any."""
-    try:
-        data = json.loads((store / DEVICE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if isinstance(data, dict) and data.get("user") == user:
-        device = data.get("device_id")
-        return device if isinstance(device, str) else None
-    return None
-
-
-def remember_device(store: Path, user: str, session: Session) -> None:
-    # Identifiers only: the access token never touches the disk.
-    path = store / DEVICE_FILE
-    tmp = path.with_suffix(".tmp")
-    data = {"user": user, "user_id": session.user_id, "device_id": session.device_id}
-    tmp.write_text(json.dumps(data) + "\n")
-    os.replace(tmp, path)
-
-
-def run(args: argparse.Namespace) -> int | Coroutine[None, None, int]:
+def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
-    store: Path = args.store or _default_store(args.user)
-    try:
-        store.mkdir(parents=True, exist_ok=True)
-        config = EngineConfig(
-            page_size=args.page_size, page_budget=args.page_budget, recent_pages=args.recent_pages
-        )
-    except (OSError, ValueError) as exc:
-        print(f"gapline tui: {exc}", file=sys.stderr)
-        return 2
-    if args.password_file is not None:
-        try:
-            password = args.password_file.read_text().rstrip("\n")
-        except OSError as exc:
-            print(f"gapline tui: cannot read the password file: {exc}", file=sys.stderr)
-            return 2
-    else:
-        password = getpass.getpass(f"password for {args.user}: ")
-    passphrase = os.environ.get("GAPLINE_PASSPHRASE")
-    if passphrase is None:
-        passphrase = getpass.getpass(f"passphrase of the store in {store}: ")
+    store = store_directory(args.store or _default_store(args.user))
+    config = engine_config(args)
+    password = resolve_secret(args, PASSWORD, prompt=f"password for {args.user}: ")
+    passphrase = resolve_secret(args, PASSPHRASE, prompt=f"passphrase of the store in {store}: ")
+    assert password is not None and passphrase is not None
     return _main(args, store, config, password, passphrase)
+
+
+def _needs_a_terminal() -> None:
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise CommandError(
+            "the terminal client needs a terminal on stdin and stdout "
+            "(for scripts: gapline bridge speaks the same engine as JSON lines)",
+            Exit.NO_TERMINAL,
+        )
 
 
 async def _main(
@@ -181,20 +174,15 @@ async def _main(
             session = await client.login(
                 args.user,
                 password,
-                device_id=stored_device(store, args.user),
+                device_id=args.device_id or stored_device(store, args.user),
                 initial_device_display_name="gapline tui",
             )
         except MatrixError as exc:
-            print(f"gapline tui: login as {args.user} failed: {exc}", file=sys.stderr)
-            return 1
+            raise login_failure(args.homeserver, args.user, exc) from None
     remember_device(store, args.user, session)
     # Check the passphrase before the screen switches (a wrong one fails here, offline).
-    try:
-        async with Engine.open(store, None, passphrase=passphrase, sync=False):
-            pass
-    except Exception as exc:  # noqa: BLE001 - WrongPassphrase / StorageError, one line
-        print(f"gapline tui: cannot open the store in {store}: {exc}", file=sys.stderr)
-        return 1
+    await check_store(store, passphrase)
+    _needs_a_terminal()
     directory = RoomDirectory()
     app = GaplineApp(
         engine_connect(
@@ -210,4 +198,4 @@ async def _main(
         page_budget=config.page_budget,
     )
     result = await app.run_async()
-    return int(result or 0)
+    return int(result or app.return_code or 0)

@@ -12,21 +12,34 @@ The story, the same with and without a terminal:
 ``gapline demo`` then shows the room in the TUI (press ``f`` to fill the gap);
 ``gapline demo --headless`` fills it itself and prints the timeline before and
 after, and the fill reports. It exits 0 only if a gap was found and filled
-with continuity ``Verified``. Everything (server, store, temp files) is torn
-down on exit.
+with continuity ``Verified``.
+
+Everything (the server, the store, the temp directory) is removed on every way
+out: ``q`` or Ctrl-C in the TUI, Ctrl-C before it, SIGTERM, SIGHUP (the
+terminal closed), and a crash of the TUI. A signal ends the demo with status
+128 + its number, after the teardown.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from textual import events
+from textual.binding import Binding
+
+from gapline.clikit import CommandError, Exit, examples, positive_int
 from gapline.history import (
     Continuity,
     Engine,
@@ -50,15 +63,31 @@ from gapline.matrix import Session
 from gapline.matrix.devserver import SynapseServer, SynapseStartError
 from gapline.tui._app import GaplineApp
 from gapline.tui._text import item_line
+from gapline.tui._ways_out import WaysOut
 from gapline.tui.cli import engine_connect
 
-__all__ = ["DEMO_CONFIG", "Story", "configure", "prepare_story", "run"]
+__all__ = ["CRASH_KEY_ENV", "DEMO_CONFIG", "EXAMPLES", "Story", "configure", "prepare_story", "run"]
 
 PASSPHRASE = "demo"
 ROOM_NAME = "gapline demo"
 # Small pages make the fill visible page by page; the budget covers the whole gap,
 # so one press of `f` fills it.
 DEMO_CONFIG = EngineConfig(page_size=20, recent_pages=2, page_budget=30)
+# A test hook: the key named here makes the demo's TUI raise, as a bug would.
+CRASH_KEY_ENV = "GAPLINE_DEMO_CRASH_KEY"
+
+DESCRIPTION = """\
+A throwaway homeserver, a room with a gap in its history, and the TUI to fill it.
+
+Starts Synapse on 127.0.0.1 in a temporary directory, writes a first stretch of
+history that the client keeps, closes the client, writes more, and opens the room
+again: press f to fill the gap, q to quit. Everything is removed on every way out
+(q, Ctrl-C, SIGTERM, the terminal closing, a crash)."""
+
+EXAMPLES = examples(
+    "gapline demo",
+    "gapline demo --headless --first 10 --more 100",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,41 +112,92 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="no terminal: run the TUI headless and save gap-before.svg / gap-after.svg in DIR",
     )
     parser.add_argument(
-        "--first", type=int, default=40, metavar="N", help="messages retained first (40)"
+        "--first", type=positive_int, default=40, metavar="N", help="messages retained first"
     )
     parser.add_argument(
-        "--more", type=int, default=300, metavar="N", help="messages written while away (300)"
+        "--more", type=positive_int, default=300, metavar="N", help="messages written while away"
     )
 
 
 def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
+    wants_terminal = not args.headless and args.screenshots is None
+    if wants_terminal and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise CommandError(
+            "the demo's TUI needs a terminal on stdin and stdout; "
+            "`gapline demo --headless` tells the same story as text",
+            Exit.NO_TERMINAL,
+        )
     return _main(args)
 
 
 def _say(text: str) -> None:
-    print(text, flush=True)
+    # After SIGHUP the terminal is gone: the teardown goes on without its messages.
+    with contextlib.suppress(OSError):
+        print(text, flush=True)
+
+
+class _Teardown:
+    """What the demo made, removed on every way out: synchronous, idempotent and
+    thread-safe (the ways-out watcher may run it when the demo itself cannot)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self._starting: Future[SynapseServer] | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    async def start_server(self) -> SynapseServer:
+        # The start runs in a thread, which a cancellation cannot stop: the future is kept
+        # so `close` waits for a start still under way and stops what it started.
+        executor = ThreadPoolExecutor(1, thread_name_prefix="gapline-demo-synapse")
+        self._starting = executor.submit(SynapseServer.start, self.workdir / "synapse")
+        executor.shutdown(wait=False)
+        return await asyncio.shield(asyncio.wrap_future(self._starting))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._starting is not None:
+                # A start that failed stopped what it had started itself.
+                with contextlib.suppress(SynapseStartError):
+                    self._starting.result().stop()
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 async def _main(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="gapline-demo-"))
-    _say("starting a throwaway Synapse on 127.0.0.1 …")
-    try:
-        server = await SynapseServer.astart(workdir / "synapse")
-    except SynapseStartError as exc:
-        print(f"gapline demo: Synapse could not start: {exc}\n{exc.log_tail}", file=sys.stderr)
-        shutil.rmtree(workdir, ignore_errors=True)
-        return 1
-    try:
-        story = await prepare_story(server, workdir / "store", first=args.first, more=args.more)
-        if args.screenshots is not None:
-            return await screenshots(story, args.screenshots)
-        if args.headless:
-            return await headless(story)
-        return await _tui(story)
-    finally:
-        await server.astop()
-        shutil.rmtree(workdir, ignore_errors=True)
-        _say("demo homeserver stopped; everything removed")
+    teardown = _Teardown(workdir)
+    ways = WaysOut(teardown.close)
+    with_tui = not args.headless and args.screenshots is None
+    with ways.installed(terminal=sys.stdin.fileno() if with_tui else None):
+        try:
+            _say(f"starting a throwaway Synapse on 127.0.0.1 (files in {workdir}) …")
+            try:
+                server = await teardown.start_server()
+            except SynapseStartError as exc:
+                print(
+                    f"gapline demo: Synapse could not start: {exc}\n{exc.log_tail}",
+                    file=sys.stderr,
+                )
+                return Exit.FAILED
+            story = await prepare_story(server, workdir / "store", first=args.first, more=args.more)
+            if args.screenshots is not None:
+                return await screenshots(story, args.screenshots)
+            if args.headless:
+                return await headless(story)
+            return await _tui(story, ways)
+        except asyncio.CancelledError:
+            if ways.status is None or ways.task is None:
+                raise
+            ways.task.uncancel()
+            return ways.status
+        finally:
+            teardown.close()
+            if ways.signum is not None:
+                _say(f"stopped by {signal.Signals(ways.signum).name}")
+            _say("demo homeserver stopped; everything removed")
 
 
 async def prepare_story(
@@ -265,29 +345,43 @@ async def headless(story: Story) -> int:
 # -- with a terminal ------------------------------------------------------------------------
 
 
-async def _tui(story: Story) -> int:
-    directory = RoomDirectory([RoomSummary(story.room_id, name=ROOM_NAME)])
-    app = GaplineApp(
-        demo_connect(story, directory),
-        rooms=directory,
-        room_id=story.room_id,
-        page_budget=DEMO_CONFIG.page_budget,
-        show_first_gap=True,
-    )
-    await app.run_async()
-    return 0
+class DemoApp(GaplineApp):
+    """The TUI on the demo room: Ctrl-C quits too (the demo is not a place to copy text),
+    and the crash hook of `CRASH_KEY_ENV` raises on its key, as a bug would."""
+
+    BINDINGS = [Binding("ctrl+c", "quit", "Quit", show=False, priority=True)]
+
+    def __init__(self, story: Story) -> None:
+        directory = RoomDirectory([RoomSummary(story.room_id, name=ROOM_NAME)])
+        super().__init__(
+            demo_connect(story, directory),
+            rooms=directory,
+            room_id=story.room_id,
+            page_budget=DEMO_CONFIG.page_budget,
+            show_first_gap=True,
+        )
+        self._crash_key = os.environ.get(CRASH_KEY_ENV) or None
+
+    def on_key(self, event: events.Key) -> None:
+        if event.key == self._crash_key:
+            raise RuntimeError(f"the demo TUI crashed on purpose (${CRASH_KEY_ENV})")
+
+
+async def _tui(story: Story, ways: WaysOut) -> int:
+    app = DemoApp(story)
+    ways.app = app
+    try:
+        await app.run_async()
+    finally:
+        ways.app = None
+    if ways.status is not None:
+        return ways.status
+    return app.return_code or 0
 
 
 async def screenshots(story: Story, out: Path, *, size: tuple[int, int] = (100, 30)) -> int:
     """The TUI on the demo room without a terminal: a screenshot before and after ``f``."""
-    directory = RoomDirectory([RoomSummary(story.room_id, name=ROOM_NAME)])
-    app = GaplineApp(
-        demo_connect(story, directory),
-        rooms=directory,
-        room_id=story.room_id,
-        page_budget=DEMO_CONFIG.page_budget,
-        show_first_gap=True,
-    )
+    app = DemoApp(story)
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     async with app.run_test(size=size) as pilot:
 

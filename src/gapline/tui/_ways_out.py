@@ -1,0 +1,116 @@
+"""Every way out of a program that made things it must remove: signals, a closed terminal.
+
+`WaysOut` turns SIGINT, SIGTERM, SIGHUP and a controlling terminal that went away
+into one orderly stop. The program's own path comes first: the running app is asked
+to exit (it restores the terminal and closes its engine), or else the program's
+task is cancelled, and its ``finally`` removes what it made. If that has not
+finished within ``grace`` seconds, the watcher thread runs the teardown itself and
+ends the process with status 128 + the signal's number. That is not paranoia: a
+Textual app whose terminal closed blocks for good once its output queue is full
+(its writer thread died on the first failed write), and a blocked event loop runs
+no callback, so the handlers are Python-level ones (they run between bytecodes of
+the main thread, even while it waits on a lock) and the last resort is a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Callable, Generator
+from typing import Any, Protocol
+
+__all__ = ["STOP_SIGNALS", "WaysOut"]
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _Exits(Protocol):
+    def exit(self, result: Any = None, return_code: int = 0, message: Any = None) -> None: ...
+
+
+def _write_stdout(text: str) -> None:
+    # Not print(): the main thread may hold stdout's lock while it is stuck; and after
+    # SIGHUP the terminal is gone, so a failed write is no reason to stop.
+    with contextlib.suppress(OSError):
+        os.write(1, (text + "\n").encode())
+
+
+class WaysOut:
+    def __init__(
+        self,
+        teardown: Callable[[], None],
+        *,
+        grace: float = 5.0,
+        say: Callable[[str], None] = _write_stdout,
+    ) -> None:
+        self._teardown = teardown  # idempotent and thread-safe: it may run on either thread
+        self.grace = grace
+        self._say = say
+        self.signum: int | None = None
+        self.app: _Exits | None = None  # set while the app runs
+        self.task: asyncio.Task[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = threading.Event()
+        self._done = threading.Event()
+
+    @property
+    def status(self) -> int | None:
+        """128 + the signal that stopped the program, or None when none did."""
+        return None if self.signum is None else 128 + self.signum
+
+    @contextlib.contextmanager
+    def installed(self, *, terminal: int | None = None) -> Generator[WaysOut]:
+        """Handle the stop signals (and watch ``terminal``, a file descriptor, when given)
+        for the current task, until the block ends."""
+        self._loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        watcher = threading.Thread(
+            target=self._watch, args=(terminal,), name="ways-out", daemon=True
+        )
+        watcher.start()
+        try:
+            yield self
+        finally:
+            self._done.set()
+            self._stopping.set()
+            watcher.join()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        del frame
+        self.stop(signum)
+
+    def stop(self, signum: int) -> None:
+        """Stop for ``signum``: ask the app to exit, or cancel the task (the first signal
+        decides the status); the watcher gives that ``grace`` seconds."""
+        if self.signum is None:
+            self.signum = signum
+        self._stopping.set()
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                self._loop.call_soon_threadsafe(self._end_politely)
+
+    def _end_politely(self) -> None:
+        if self.app is not None:
+            self.app.exit(return_code=self.status or 0)
+        elif self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def _watch(self, terminal: int | None) -> None:
+        # A terminal that closed is a SIGHUP even when the kernel sent that signal only to
+        # the session's leader: `make demo` run straight from `ssh -t` leaves make as the
+        # leader, and make waits for its children without telling them.
+        while not self._stopping.wait(None if terminal is None else 0.5):
+            if terminal is not None and not os.isatty(terminal):
+                self.stop(signal.SIGHUP)
+        if self._done.wait(self.grace):
+            return
+        self._teardown()
+        name = signal.Signals(self.signum or signal.SIGTERM).name
+        self._say(f"stopped by {name}; removed everything after {self.grace:g} s of waiting")
+        os._exit(self.status or 1)
