@@ -38,6 +38,7 @@ import pytest
 
 from gapline.matrix import MatrixHTTPError, Session
 from gapline.matrix.devserver import SynapseServer
+from tests.activity import Activity
 from tests.integration.bot_support import answers_by_source, eventually, room_events, wait_joined
 
 REPO = Path(__file__).resolve().parent.parent
@@ -231,11 +232,13 @@ class RunningExample:
 
     def __init__(self, argv: list[str], cwd: Path) -> None:
         self.log = cwd / "stderr.log"
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                argv, cwd=cwd, env=environment(), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
-            )  # fmt: skip
+        self.proc = subprocess.Popen(
+            argv, cwd=cwd, env=environment(), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        # Each log line is a signal for `eventually` (the bot's doings are its log).
+        assert self.proc.stderr is not None
+        Activity.current().pump(self.proc.stderr, self.log.open("wb"))
 
     async def until_ready(self) -> None:
         async def ready() -> bool:

@@ -1,7 +1,7 @@
 """Layer rules that import-linter cannot express.
 
-import-linter (run by `make test`) holds the package-level contracts of
-DESIGN.md. This test adds the httpx-style rule that a package's underscored
+import-linter (run by `make test`) holds the package-level contracts in
+pyproject.toml. This test adds the httpx-style rule that a package's underscored
 modules are private: only the package that owns them imports them.
 """
 
@@ -13,16 +13,28 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "gapline"
 
 
-def _imports(path: Path) -> list[str]:
+def _imports(path: Path, importer: str) -> list[str]:
+    """Every module name ``path`` imports, relative imports resolved against ``importer``."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = importer.rpartition(".")[0]  # importer ends in its module (or `__init__`)
     names: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.append(node.module)
-            names.extend(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node.module, node.level, package)
+            names.append(base)
+            names.extend(f"{base}.{alias.name}" for alias in node.names)
     return names
+
+
+def _absolute(module: str | None, level: int, package: str) -> str:
+    """``from ..x import y`` inside ``package`` -> the absolute name of ``..x``."""
+    if level == 0:
+        return module or ""
+    parts = package.split(".")
+    anchor = parts[: len(parts) - (level - 1)]
+    return ".".join([*anchor, module] if module else anchor)
 
 
 def _owner(module: str) -> str | None:
@@ -39,7 +51,7 @@ def test_no_package_reaches_into_another_packages_private_modules() -> None:
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC.parent).with_suffix("")
         importer = ".".join(rel.parts)
-        for name in _imports(path):
+        for name in _imports(path, importer):
             if not name.startswith("gapline."):
                 continue
             owner = _owner(name)
@@ -53,3 +65,6 @@ def test_the_rule_sees_an_offence() -> None:
     assert _owner("gapline.history._wire") == "gapline.history"
     assert _owner("gapline.history.Engine") is None
     assert _owner("gapline.storage._sqlite.SQLiteBackend") == "gapline.storage"
+    # A relative import is resolved before the rule looks at it.
+    assert _absolute("_wire", 2, "gapline.journal.sub") == "gapline.journal._wire"
+    assert _absolute(None, 1, "gapline.history") == "gapline.history"

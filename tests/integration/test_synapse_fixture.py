@@ -1,4 +1,4 @@
-"""The real-Synapse fixture, and the Synapse facts the engines rely on (DESIGN.md)."""
+"""The real-Synapse fixture, and the Synapse behaviours the engines rely on."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from gapline.storage import (
     tune_sqlite_writer,
 )
 from gapline.storage._postgres import (
-    _connect,
     _PostgresWriterSession,
+    connect_postgres,
     map_postgres_error,
     rewrite_placeholders,
 )
@@ -222,7 +222,7 @@ def _writer_session(
     dsn: str,
 ) -> tuple[psycopg.Connection[Any], _PostgresWriterSession, list[str]]:
     """A writer session driven by hand, with the server notices it drew."""
-    conn = _connect(dsn, autocommit=True, name="gapline-writer")
+    conn = connect_postgres(dsn, autocommit=True, name="gapline-writer")
     notices: list[str] = []
     conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
     return conn, _PostgresWriterSession(dsn, conn), notices

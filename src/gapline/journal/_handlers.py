@@ -13,7 +13,7 @@ yielding exactly one :class:`Final`::
 Why a generator rather than ``return``: Python's async generators cannot
 return a value, and a generator lets the runtime decide what to do with each
 progress step (stream it as an edit) without the handler knowing about Matrix.
-Progress is transport-only (contract 4): it is shown while the turn runs and
+Progress is transport-only: it is shown while the turn runs and
 never reaches the journal's projection. Only the final text is durable.
 
 Handlers are looked up by name: a built-in name (``echo``) or

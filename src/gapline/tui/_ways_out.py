@@ -55,6 +55,7 @@ class WaysOut:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
         self._done = threading.Event()
+        self._torn_down = threading.Event()  # the program's own path finished its teardown
 
     @property
     def status(self) -> int | None:
@@ -80,6 +81,12 @@ class WaysOut:
             watcher.join()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def teardown(self) -> None:
+        """The program's own teardown, on its way out: once it has run, the watcher no
+        longer claims to have removed anything (it may still end a process stuck after)."""
+        self._teardown()
+        self._torn_down.set()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         del frame
@@ -110,7 +117,15 @@ class WaysOut:
                 self.stop(signal.SIGHUP)
         if self._done.wait(self.grace):
             return
+        # A teardown the program is running holds the teardown's lock: this call waits
+        # for it (a start still under way can take longer than the grace on a busy box).
         self._teardown()
-        name = signal.Signals(self.signum or signal.SIGTERM).name
-        self._say(f"stopped by {name}; removed everything after {self.grace:g} s of waiting")
+        if self._torn_down.is_set():
+            # The program removed everything itself and said so; give it the grace
+            # again to leave, then end it without a second message.
+            if self._done.wait(self.grace):
+                return
+        else:
+            name = signal.Signals(self.signum or signal.SIGTERM).name
+            self._say(f"stopped by {name}; removed everything after {self.grace:g} s of waiting")
         os._exit(self.status or 1)

@@ -194,7 +194,7 @@ async def _main(args: argparse.Namespace) -> int:
             ways.task.uncancel()
             return ways.status
         finally:
-            teardown.close()
+            ways.teardown()
             if ways.signum is not None:
                 _say(f"stopped by {signal.Signals(ways.signum).name}")
             _say("demo homeserver stopped; everything removed")
