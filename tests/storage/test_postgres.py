@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -25,6 +27,7 @@ from gapline.storage._postgres import (
     map_postgres_error,
     rewrite_placeholders,
 )
+from gapline.storage.devpostgres import PostgresCluster
 from tests.storage.contract import BackendContract
 
 pytestmark = pytest.mark.postgres
@@ -448,3 +451,34 @@ async def test_several_writers_keep_the_order_of_awaited_writes(postgres_dsn: st
             assert len(ids) == 30
             assert ids == sorted(ids)
         assert conn.execute("SELECT count(*) FROM o WHERE caller = 99").fetchone() == (40,)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_the_manual_cluster_stops_and_removes_itself_on_a_stop_signal(
+    postgres_cluster: PostgresCluster, signum: signal.Signals
+) -> None:
+    # `python -m gapline.storage.devpostgres` prints a DSN and keeps the cluster until
+    # it is told to stop; a stop signal must not leave a server or its files behind.
+    del postgres_cluster  # only for "the local binaries work" (skip/fail like the rest)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gapline.storage.devpostgres"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        dsn = proc.stdout.readline().strip()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("SHOW data_directory").fetchone()
+        assert row is not None
+        datadir = Path(row[0])
+        assert datadir.is_dir()
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert not datadir.exists()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(dsn, connect_timeout=2).close()

@@ -316,9 +316,18 @@ def _wait_ready(cluster: PostgresCluster, timeout: float) -> None:
             time.sleep(0.1)
 
 
-if __name__ == "__main__":  # pragma: no cover - manual use: print a DSN, keep running
+def _serve_until_stopped() -> None:
+    """Manual use: print a DSN and keep the cluster until Ctrl-C, SIGTERM or SIGHUP."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda *_: stop.set())
     with start_cluster() as c:
         print(c.dsn(), flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            while True:
-                time.sleep(3600)
+        stop.wait()
+
+
+if __name__ == "__main__":
+    _serve_until_stopped()
