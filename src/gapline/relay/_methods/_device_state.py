@@ -70,6 +70,8 @@ class DeviceStateMethods:
         )
         # Authoritative, never "staged" (standalone deviation).
         changed = await core.store.accounts.publish_state(accepted)
+        if changed:
+            self.access.forget(state.account)
         if changed and core.on_state_accepted is not None:
             await core.on_state_accepted(state.account, state.revision)
         return {"status": "accepted"}

@@ -14,6 +14,7 @@ from typing import Any
 
 from gapline.meshline import AccountProfile, check_profile_publish
 from gapline.relay._errors import RelayFailure
+from gapline.relay._methods._access import AccessReader
 from gapline.relay._methods._base import (
     CAS_ATTEMPTS,
     Call,
@@ -28,8 +29,9 @@ __all__ = ["ProfileMethods"]
 
 
 class ProfileMethods:
-    def __init__(self, core: RelayCore) -> None:
+    def __init__(self, core: RelayCore, access: AccessReader) -> None:
         self.core = core
+        self.access = access
 
     def methods(self) -> list[Method]:
         return [
@@ -69,6 +71,7 @@ class ProfileMethods:
                 canonical=canonical,
                 signer_certificate=signer.to_json().decode(),
             ):
+                self.access.forget(session.account)
                 return None
         raise RelayFailure("state_conflict", "concurrent profile publications; try again")
 

@@ -34,7 +34,7 @@ class Relay(RelayCore):
             InfoMethods(self),
             AuthMethods(self),
             DeviceStateMethods(self, access),
-            ProfileMethods(self),
+            ProfileMethods(self, access),
             self.routes,
             MessageMethods(self, access),
         )

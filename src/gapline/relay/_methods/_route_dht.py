@@ -58,6 +58,8 @@ class LocalRouteDht:
         self.clock = clock
         self.max_skew = max_skew
         self.relay_key = relay_key
+        # Called with the key after every commit that changed what is stored under it.
+        self.on_commit: Callable[[bytes], None] | None = None
 
     async def history(self, key: bytes) -> tuple[RouteHistory, HistoryRow | None]:
         """The persisted version information of ``key``, and the row it came from."""
@@ -82,9 +84,12 @@ class LocalRouteDht:
                 route.to_json().decode(),
                 route.expires_at,
             )
-        return await self.routes.commit(
+        done = await self.routes.commit(
             key.hex(), expected=expected, new=_row_of(history), record=record
         )
+        if done and self.on_commit is not None:
+            self.on_commit(key)
+        return done
 
     async def put(self, key: bytes, value: bytes) -> None:
         """Accept a final route record into this replica, or raise the reason it is refused."""

@@ -16,12 +16,16 @@ go through ``resolve_records`` instead, which verifies each first.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from gapline.meshline import (
+    MAX_SAFE_INTEGER,
     AccountDeviceState,
     AccountRoute,
+    MeshlineError,
     RouteDht,
+    RouteResolution,
     accept_route_publication,
     route_dht_key,
     route_from_record,
@@ -38,6 +42,29 @@ __all__ = ["RouteMethods"]
 _CACHE_LIMIT = 100_000
 
 
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """What ``account.route.resolve`` answers for a key, and until when."""
+
+    wire: dict[str, Any] | None
+    error: tuple[str, str] | None  # (code, message)
+    valid_until: int
+
+    @classmethod
+    def of(cls, resolution: RouteResolution) -> _Answer:
+        try:
+            route = resolution.result()
+        except MeshlineError as exc:  # not_found, invalid_state: until the key changes
+            return cls(None, (exc.code, exc.message), MAX_SAFE_INTEGER)
+        return cls(route.to_wire(), None, route.expires_at)
+
+    def result(self) -> dict[str, Any]:
+        if self.error is not None:
+            raise RelayFailure(*self.error)
+        assert self.wire is not None
+        return self.wire
+
+
 class RouteMethods:
     def __init__(self, core: RelayCore) -> None:
         self.core = core
@@ -52,6 +79,15 @@ class RouteMethods:
         self.dht: RouteDht = self.replica
         # Parsed replica values (parsing is pure; the value text decides the route).
         self._parsed: dict[tuple[bytes, bytes], AccountRoute] = {}
+        # Resolution answers, kept only where this process is the database's only writer:
+        # then every change to a key passes through ``_changed`` (LocalRouteDht.on_commit),
+        # and an answer holds until then or until its route expires. ``_changes`` counts
+        # the commits, so a lookup that raced one is not kept.
+        self._cache = core.store.single_writer
+        self._answers: dict[bytes, _Answer] = {}
+        self._changes = 0
+        self._keys: dict[str, bytes] = {}  # DHT key by (valid) account ID
+        self.replica.on_commit = self._changed
 
     def methods(self) -> list[Method]:
         return [
@@ -97,19 +133,43 @@ class RouteMethods:
 
     async def route_resolve(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         core = self.core
-        account = core.account(params.get("account"))
-        key = route_dht_key(account, core.context)
+        name = params.get("account")
+        key = self._keys.get(name) if isinstance(name, str) else None
+        if key is None:
+            account = core.account(name)
+            key = route_dht_key(account, core.context)
+            if len(self._keys) > _CACHE_LIMIT:
+                self._keys.clear()
+            self._keys[account] = key
+        now = core.now()
+        answer = self._answers.get(key)
+        if answer is not None and now < answer.valid_until:
+            return answer.result()
         for _ in range(CAS_ATTEMPTS):
+            changes = self._changes
             values = await self.dht.get(key)
             history, row = await self.replica.history(key)
             resolution = select_route(
-                [self._parse(key, v) for v in values], history, context=core.context, now=core.now()
+                [self._parse(key, v) for v in values], history, context=core.context, now=now
             )
-            if resolution.history == history or await self.replica.commit(
-                key, expected=row, history=resolution.history
-            ):
+            if resolution.history == history:
+                answer = _Answer.of(resolution)
+                if self._cache and self._changes == changes:
+                    self._remember(key, answer)
+                return answer.result()
+            if await self.replica.commit(key, expected=row, history=resolution.history):
                 return resolution.result().to_wire()
         raise RelayFailure("state_conflict", "concurrent route writes; try again")
+
+    def _remember(self, key: bytes, answer: _Answer) -> None:
+        if len(self._answers) > _CACHE_LIMIT:
+            self._answers.clear()
+        self._answers[key] = answer
+
+    def _changed(self, key: bytes) -> None:
+        """A commit changed what is stored under ``key``: its answer is decided again."""
+        self._answers.pop(key, None)
+        self._changes += 1
 
     def _parse(self, key: bytes, value: bytes) -> AccountRoute:
         route = self._parsed.get((key, value))

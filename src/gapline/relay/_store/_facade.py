@@ -21,7 +21,7 @@ from gapline.relay._store._routes import Routes
 from gapline.relay._store._schema import MIGRATIONS, SCHEMA
 from gapline.relay._store._sends import Sends
 from gapline.relay._store._timeline import Timelines
-from gapline.storage import Backend, Tx
+from gapline.storage import Backend, Dialect, Tx
 
 __all__ = ["CleanupReport", "TimelineStore"]
 
@@ -59,6 +59,12 @@ class TimelineStore:
         self.timelines = Timelines(backend)
         self.profiles = Profiles(backend)
         self.routes = Routes(backend)
+
+    @property
+    def single_writer(self) -> bool:
+        """Whether this process is the only one writing the database (SQLite: one relay
+        process per file), so what it caches is changed by its own writes only."""
+        return self.backend.dialect is Dialect.SQLITE
 
     async def migrate(self) -> None:
         await self.backend.migrate(SCHEMA, MIGRATIONS)
