@@ -124,27 +124,8 @@ class Relay:
                 raise RuntimeError(f"{method}: {resp.status} {body}")
             return body
 
-    async def publish(self, account: TestAccount) -> None:
-        challenge = await self.call("POST", "auth.challenge", {"account": account.account})
-        payload = account_auth_input(
-            relay_id=self.relay_id,
-            origin=self.origin,
-            account=account.account,
-            account_public_key=account.key.public_key_b64,
-            nonce=challenge["nonce"],
-        )
-        creds = await self.call(
-            "POST",
-            "auth.account.verify",
-            {
-                "nonce": challenge["nonce"],
-                "account_public_key": account.key.public_key_b64,
-                "account_signature": account.key.sign_object(payload, TEST_CONTEXT, exclude=()),
-            },
-        )
-        await self.call("PUT", "device.state.publish", account.state.to_wire(), creds["token"])
-
     async def account_token(self, account: TestAccount) -> str:
+        """An account session (challenge, then ``auth.account.verify``)."""
         challenge = await self.call("POST", "auth.challenge", {"account": account.account})
         payload = account_auth_input(
             relay_id=self.relay_id,
@@ -163,6 +144,10 @@ class Relay:
             },
         )
         return str(creds["token"])
+
+    async def publish(self, account: TestAccount) -> None:
+        token = await self.account_token(account)
+        await self.call("PUT", "device.state.publish", account.state.to_wire(), token)
 
     async def publish_profile(self, account: TestAccount, *, public_discovery: bool) -> None:
         """Publish the account's profile: public discovery decides who may write to it."""

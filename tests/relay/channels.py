@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from gapline.meshline import HTTP_STATUS_BY_CODE, JSONRPC_CODE_BY_CODE, account_auth_input
+from gapline.meshline import HTTP_STATUS_BY_CODE, JSONRPC_CODE_BY_CODE
 from gapline.meshline.testing import TestAccount, TestDevice
 from tests.relay.harness import RelayUnderTest, WsClient
 
@@ -113,20 +113,8 @@ class Channels:
             return _Http(self.r, await self.r.account_login(account))
         ws = await self._connect()
         challenge = await ws.result("auth.challenge", {"account": account.account})
-        payload = account_auth_input(
-            relay_id=self.r.relay_id,
-            origin=self.r.origin,
-            account=account.account,
-            account_public_key=account.key.public_key_b64,
-            nonce=challenge["nonce"],
-        )
         creds = await ws.result(
-            "auth.account.verify",
-            {
-                "nonce": challenge["nonce"],
-                "account_public_key": account.key.public_key_b64,
-                "account_signature": account.key.sign_object(payload, self.r.context, exclude=()),
-            },
+            "auth.account.verify", self.r.account_verify_params(account, challenge["nonce"])
         )
         assert creds["mode"] == "account"
         return _Ws(ws)

@@ -150,23 +150,25 @@ class RelayUnderTest:
         assert creds["mode"] == "device"
         return creds["token"]
 
-    async def account_login(self, account: TestAccount) -> str:
-        """An account session over HTTP (challenge, then ``auth.account.verify``)."""
-        challenge = await self.ok("auth.challenge", {"account": account.account})
+    def account_verify_params(self, account: TestAccount, nonce: str) -> dict[str, Any]:
         payload = account_auth_input(
             relay_id=self.relay_id,
             origin=self.origin,
             account=account.account,
             account_public_key=account.key.public_key_b64,
-            nonce=challenge["nonce"],
+            nonce=nonce,
         )
+        return {
+            "nonce": nonce,
+            "account_public_key": account.key.public_key_b64,
+            "account_signature": account.key.sign_object(payload, self.context, exclude=()),
+        }
+
+    async def account_login(self, account: TestAccount) -> str:
+        """An account session over HTTP (challenge, then ``auth.account.verify``)."""
+        challenge = await self.ok("auth.challenge", {"account": account.account})
         creds = await self.ok(
-            "auth.account.verify",
-            {
-                "nonce": challenge["nonce"],
-                "account_public_key": account.key.public_key_b64,
-                "account_signature": account.key.sign_object(payload, self.context, exclude=()),
-            },
+            "auth.account.verify", self.account_verify_params(account, challenge["nonce"])
         )
         assert creds["mode"] == "account"
         return creds["token"]

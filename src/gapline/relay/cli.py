@@ -150,7 +150,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=_positive,
         default=300,
         metavar="SECONDS",
-        help="tolerated client clock difference (auth timestamp, envelope created_at)",
+        help=(
+            "tolerated client clock difference (auth timestamp, envelope created_at,"
+            " profile and route updated_at, signed-query created_at either way)"
+        ),
     )
     serve.add_argument(
         "--delivery-age-limit",
