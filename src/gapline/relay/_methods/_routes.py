@@ -147,8 +147,11 @@ class RouteMethods:
             return answer.result()
         for _ in range(CAS_ATTEMPTS):
             changes = self._changes
-            values = await self.dht.get(key)
+            # The version information first: values committed after it was read show up
+            # as an advance, which the compare-and-set below refuses, and the lookup runs
+            # again; the other order could pair old values with newer information.
             history, row = await self.replica.history(key)
+            values = await self.dht.get(key)
             resolution = select_route(
                 [self._parse(key, v) for v in values], history, context=core.context, now=now
             )
