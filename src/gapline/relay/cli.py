@@ -150,10 +150,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=_positive,
         default=300,
         metavar="SECONDS",
-        help=(
-            "tolerated client clock difference (auth timestamp, envelope created_at,"
-            " profile and route updated_at, signed-query created_at either way)"
-        ),
+        help="tolerated client clock difference (auth timestamp, envelope created_at)",
     )
     serve.add_argument(
         "--delivery-age-limit",
