@@ -17,6 +17,16 @@ first process; a probe sender on the last process sends one message every
 ``--probe-interval`` seconds and records (a) send start -> ``message.timeline.changed``
 received, (b) send start -> the following ``message.timeline.sync`` returned the record.
 
+Contact authorization (same processes, after the sends above): every sender also sends
+to a second recipient, without public discovery, carrying that recipient's
+``ContactGrant``; turns of those sends alternate with turns of the plain sends to the
+public recipient, and each arm's rate is taken over its own turns
+(``authorization.grant_slowdown`` = plain rate / granted rate; target at most 1.3).
+
+Route lookups: ``account.route.resolve`` of a published route (no session) in turns
+alternating with ``relay.info``, the cheapest request, over the same keep-alive
+connections (``route_lookup.resolve_over_info``; target at least 0.7).
+
 Synapse: the matrix fixture's Synapse (in-memory SQLite, rate limits off), ``--clients``
 users in one room each sending ``m.room.message`` as fast as Synapse answers.
 
@@ -29,20 +39,21 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
-import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 
-from gapline.meshline import account_auth_input, device_auth_input, relay_origin
-from gapline.meshline.testing import TEST_CONTEXT, TestAccount, make_account, make_send_params
+from gapline.meshline import issue_grant, sign_route
+from gapline.meshline.testing import TEST_CONTEXT, make_account, make_send_params
 from gapline.relay.devserver import RelayProcess
+from relay_clients import RawSender, Relay, log
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -52,143 +63,11 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class RawSender:
-    """One keep-alive HTTP/1.1 connection that POSTs pre-built requests and checks the answers.
-
-    Deliberately minimal (see the module docstring): the relay's cost is the figure, so
-    the client spends a few microseconds per request instead of an HTTP library's
-    hundreds. It understands exactly what the relay sends back: a status line, headers
-    with ``Content-Length``, and a JSON body.
-    """
-
-    def __init__(self, url: str, token: str) -> None:
-        parts = urllib.parse.urlsplit(url)
-        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        self.path = parts.path + "/message/send"
-        self.token = token
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    def request(self, body: bytes) -> bytes:
-        head = (
-            f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            f"Content-Type: application/json\r\nX-Meshline-Session: {self.token}\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        )
-        return head.encode() + body
-
-    async def __aenter__(self) -> RawSender:
-        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.writer is not None
-        self.writer.close()
-        with contextlib.suppress(OSError):
-            await self.writer.wait_closed()
-
-    async def send(self, request: bytes) -> None:
-        assert self.reader is not None and self.writer is not None
-        self.writer.write(request)
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        length = -1
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        if length < 0:
-            raise RuntimeError(f"message.send: no Content-Length in {head!r}")
-        body = await self.reader.readexactly(length)
-        if not head.startswith(b"HTTP/1.1 200 "):
-            status = head.split(b"\r\n", 1)[0]
-            raise RuntimeError(f"message.send: {status!r} {body!r}")
-        if json.loads(body).get("status") != "target_accepted":
-            raise RuntimeError(f"message.send: unexpected result {body!r}")
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
-
-
-class Relay:
-    """A minimal HTTP client for one relay process."""
-
-    def __init__(self, proc: RelayProcess, http: aiohttp.ClientSession) -> None:
-        self.proc = proc
-        self.http = http
-        self.url = proc.url
-        self.origin = relay_origin(proc.url)
-        self.relay_id = proc.relay_id
-
-    async def call(
-        self, verb: str, method: str, params: Any = None, token: str | None = None
-    ) -> Any:
-        headers = {"X-Meshline-Session": token} if token else {}
-        url = self.url + "/" + method.replace(".", "/")
-        if verb == "GET":
-            ctx = self.http.get(url, params=params or {}, headers=headers)
-        elif isinstance(params, bytes):
-            headers["Content-Type"] = "application/json"
-            ctx = self.http.request(verb, url, data=params, headers=headers)
-        else:
-            ctx = self.http.request(verb, url, json=params, headers=headers)
-        async with ctx as resp:
-            body = await resp.json(content_type=None)
-            if resp.status != 200:
-                raise RuntimeError(f"{method}: {resp.status} {body}")
-            return body
-
-    async def publish(self, account: TestAccount) -> None:
-        challenge = await self.call("POST", "auth.challenge", {"account": account.account})
-        payload = account_auth_input(
-            relay_id=self.relay_id,
-            origin=self.origin,
-            account=account.account,
-            account_public_key=account.key.public_key_b64,
-            nonce=challenge["nonce"],
-        )
-        creds = await self.call(
-            "POST",
-            "auth.account.verify",
-            {
-                "nonce": challenge["nonce"],
-                "account_public_key": account.key.public_key_b64,
-                "account_signature": account.key.sign_object(payload, TEST_CONTEXT, exclude=()),
-            },
-        )
-        await self.call("PUT", "device.state.publish", account.state.to_wire(), creds["token"])
-
-    def verify_params(self, account: TestAccount, nonce: str) -> dict[str, Any]:
-        device = account.device()
-        ts = int(time.time())
-        payload = device_auth_input(
-            relay_id=self.relay_id,
-            origin=self.origin,
-            account=account.account,
-            device_id=device.device_id,
-            nonce=nonce,
-            timestamp=ts,
-        )
-        return {
-            "nonce": nonce,
-            "timestamp": ts,
-            "signer_certificate": device.certificate.to_wire(),
-            "device_signature": device.keys.sign_object(payload, TEST_CONTEXT, exclude=()),
-        }
-
-    async def login(self, account: TestAccount) -> str:
-        challenge = await self.call("POST", "auth.challenge", {"account": account.account})
-        creds = await self.call(
-            "POST", "auth.device.verify", self.verify_params(account, challenge["nonce"])
-        )
-        return str(creds["token"])
 
 
 async def run_relay_scenario(
@@ -207,6 +86,8 @@ async def run_relay_scenario(
         probe_to, probe_from = make_account(1), make_account(1)
         await relays[0].publish(recipient)
         await relays[0].publish(probe_to)
+        for public in (recipient, probe_to):  # anyone may write to them without a grant
+            await relays[0].publish_profile(public, public_discovery=True)
         await relays[-1].publish(probe_from)
         for i, s in enumerate(senders):
             await relays[i % len(relays)].publish(s)
@@ -358,6 +239,162 @@ async def run_relay_scenario(
         }
 
 
+async def _alternate(
+    raws: list[RawSender],
+    arms: dict[str, list[Iterator[bytes]]],
+    *,
+    seconds: float,
+    slices: int,
+    sends: bool,
+) -> dict[str, Any]:
+    """Run ``arms`` in turns of ``seconds / slices / len(arms)``: in its turn, every client
+    sends the arm's next request as soon as the previous one was answered. Each arm's
+    rate is taken over its own turns, so both see the same machine load."""
+    counts = dict.fromkeys(arms, 0)
+    spent = dict.fromkeys(arms, 0.0)
+    exhausted = False
+    turn = seconds / slices / len(arms)
+    for k in range(slices * len(arms)):
+        arm = list(arms)[k % len(arms)]
+        stop_at = time.perf_counter() + turn
+
+        async def client(i: int, arm: str = arm, stop_at: float = stop_at) -> None:
+            nonlocal exhausted
+            stream = arms[arm][i]
+            while time.perf_counter() < stop_at:
+                request = next(stream, None)
+                if request is None:
+                    exhausted = True
+                    return
+                if sends:
+                    await raws[i].send(request)
+                else:
+                    await raws[i].call(request)
+                counts[arm] += 1
+
+        start = time.perf_counter()
+        async with asyncio.TaskGroup() as tg:
+            for i in range(len(raws)):
+                tg.create_task(client(i))
+        spent[arm] += time.perf_counter() - start
+    figures: dict[str, Any] = {
+        arm: {
+            "requests": counts[arm],
+            "seconds": round(spent[arm], 2),
+            "per_second": round(counts[arm] / spent[arm], 1),
+        }
+        for arm in arms
+    }
+    figures["exhausted"] = exhausted
+    return figures
+
+
+async def run_authorization_scenario(
+    procs: list[RelayProcess], *, clients: int, seconds: float, slices: int = 6
+) -> dict[str, Any]:
+    """``message.send`` with a ``ContactGrant`` (to an account without public discovery)
+    against the same send without one (to a public account), in alternating turns."""
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        relays = [Relay(p, http) for p in procs]
+        public_to, private_to = make_account(1), make_account(1)
+        for recipient, public in ((public_to, True), (private_to, False)):
+            await relays[0].publish(recipient)
+            await relays[0].publish_profile(recipient, public_discovery=public)
+        senders = [make_account(1) for _ in range(clients)]
+        for i, sender in enumerate(senders):
+            await relays[i % len(relays)].publish(sender)
+        tokens = [await relays[i % len(relays)].login(s) for i, s in enumerate(senders)]
+        raws = [RawSender(relays[i % len(relays)].url, tokens[i]) for i in range(clients)]
+        granter = private_to.device()
+        per_client = max(30, int(seconds / 2 * 4000 / clients) + 30)
+        log(f"  sealing {2 * per_client * clients} messages ...")
+
+        def requests(i: int, *, grant: bool) -> Iterator[bytes]:
+            sender = senders[i]
+            material = issue_grant(
+                granter.keys,
+                granter.device_id,
+                TEST_CONTEXT,
+                grantor=private_to.account,
+                grantee=sender.account,
+            ).to_wire()
+            made = []
+            for _ in range(per_client):
+                wire = make_send_params(sender, private_to if grant else public_to).to_wire()
+                if grant:
+                    wire["authorization"] = material
+                made.append(raws[i].request(json.dumps(wire).encode()))
+            return iter(made)
+
+        arms = {
+            "without_authorization": [requests(i, grant=False) for i in range(clients)],
+            "with_grant": [requests(i, grant=True) for i in range(clients)],
+        }
+        async with contextlib.AsyncExitStack() as stack:
+            for raw in raws:
+                await stack.enter_async_context(raw)
+            figures = await _alternate(raws, arms, seconds=seconds, slices=slices, sends=True)
+    without = figures["without_authorization"]["per_second"]
+    with_grant = figures["with_grant"]["per_second"]
+    return {
+        "clients": clients,
+        "processes": len(procs),
+        **figures,
+        "grant_slowdown": round(without / with_grant, 3) if with_grant else None,
+    }
+
+
+async def run_lookup_scenario(
+    procs: list[RelayProcess], *, clients: int, seconds: float, slices: int = 6
+) -> dict[str, Any]:
+    """``account.route.resolve`` (no session) against ``relay.info`` (the cheapest request),
+    in alternating turns over the same keep-alive connections."""
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        relays = [Relay(p, http) for p in procs]
+        account = make_account(1)
+        await relays[0].publish(account)
+        now = int(time.time())
+        draft = sign_route(
+            account.key,
+            TEST_CONTEXT,
+            relay_id=relays[0].relay_id,
+            revision=now * 1000,
+            updated_at=now,
+            expires_at=now + 86400,
+        )
+        token = await relays[0].account_token(account)
+        await relays[0].call("PUT", "account.route.publish", draft.to_wire(), token)
+        raws = [RawSender(relays[i % len(relays)].url) for i in range(clients)]
+        info: list[Iterator[bytes]] = [itertools.repeat(raw.get("relay.info")) for raw in raws]
+        query = {"account": account.account}
+        resolve: list[Iterator[bytes]] = [
+            itertools.repeat(raw.get("account.route.resolve", query)) for raw in raws
+        ]
+        async with contextlib.AsyncExitStack() as stack:
+            for raw in raws:
+                await stack.enter_async_context(raw)
+            for raw in raws:  # every process answers the published route
+                answer = json.loads(await raw.call(next(resolve[0])))
+                assert answer.get("relay_signature"), answer
+            figures = await _alternate(
+                raws,
+                {"relay.info": info, "account.route.resolve": resolve},
+                seconds=seconds,
+                slices=slices,
+                sends=False,
+            )
+    info_rate = figures["relay.info"]["per_second"]
+    resolve_rate = figures["account.route.resolve"]["per_second"]
+    return {
+        "clients": clients,
+        "processes": len(procs),
+        **figures,
+        "resolve_over_info": round(resolve_rate / info_rate, 3) if info_rate else None,
+    }
+
+
 async def run_synapse(*, clients: int, seconds: float) -> dict[str, Any]:
     from gapline.matrix.devserver import SynapseServer
 
@@ -446,6 +483,16 @@ async def main() -> None:
             log(f"  {figures[transport]}")
         # The scenario's headline figures are the HTTP ones; WebSocket sends are nested.
         result[name] = {**figures["http"], "websocket": figures["ws"]}
+        log(f"{name}: message.send with a ContactGrant against without, alternating")
+        result[name]["authorization"] = await run_authorization_scenario(
+            procs, clients=args.clients, seconds=args.seconds
+        )
+        log(f"  {result[name]['authorization']}")
+        log(f"{name}: account.route.resolve against relay.info, alternating")
+        result[name]["route_lookup"] = await run_lookup_scenario(
+            procs, clients=args.clients, seconds=args.seconds
+        )
+        log(f"  {result[name]['route_lookup']}")
 
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -482,7 +529,12 @@ async def main() -> None:
                     result[f"{name}_websocket_vs_synapse"] = round(
                         result[name]["websocket"]["sends_per_second"] / syn, 1
                     )
-    result["targets"] = {"sqlite_sends_per_second": 2000, "times_synapse": 20}
+    result["targets"] = {
+        "sqlite_sends_per_second": 2000,
+        "times_synapse": 20,
+        "grant_slowdown_at_most": 1.3,
+        "route_resolve_over_relay_info_at_least": 0.7,
+    }
     print(json.dumps(result))
 
 

@@ -98,6 +98,7 @@ class ClientFlowContract:
                     "status": "accepted"
                 }
                 assert await b0.publish_device_state(bob.key, bob.state) == {"status": "accepted"}
+                await b0.publish_profile(public_discovery=True)  # anyone may write to bob
                 status = await a0.send(
                     bob.account,
                     {

@@ -18,11 +18,19 @@ from typing import Any
 import httpx
 import websockets
 
-from gapline.meshline import NetworkContext, device_auth_input, relay_origin
+from gapline.meshline import (
+    AccountProfile,
+    NetworkContext,
+    account_auth_input,
+    device_auth_input,
+    relay_origin,
+    sign_profile,
+)
 from gapline.meshline.testing import TEST_CONTEXT, TestAccount, TestDevice
 from gapline.relay import RelayConfig, RelayServer
+from gapline.relay.devserver import RelayProcess
 
-__all__ = ["Clock", "RelayUnderTest", "WsClient", "start_relay"]
+__all__ = ["Clock", "RelayUnderTest", "WsClient", "remote", "start_relay"]
 
 
 class Clock:
@@ -46,6 +54,10 @@ VERBS = {
     "auth.account.verify": "POST",
     "device.state.publish": "PUT",
     "device.state.resolve": "GET",
+    "profile.publish": "PUT",
+    "profile.resolve": "GET",
+    "account.route.publish": "PUT",
+    "account.route.resolve": "GET",
     "message.send": "POST",
     "message.delivery.status": "GET",
     "message.timeline.sync": "GET",
@@ -64,6 +76,8 @@ class RelayUnderTest:
     server_: RelayServer | None = None
     context: NetworkContext = TEST_CONTEXT
     tokens: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Accounts ``publish`` has published a device state of.
+    published: set[str] = field(default_factory=set)
 
     @property
     def server(self) -> RelayServer:
@@ -104,7 +118,7 @@ class RelayUnderTest:
         self, method: str, params: dict[str, Any] | None = None, *, token: str | None = None
     ) -> tuple[int, str]:
         resp = await self.call(method, params, token=token)
-        assert resp.status_code != 200, (method, resp.text)
+        assert resp.status_code not in (200, 204), (method, resp.text)
         return resp.status_code, resp.json()["code"]
 
     def device_verify_params(
@@ -136,32 +150,69 @@ class RelayUnderTest:
         assert creds["mode"] == "device"
         return creds["token"]
 
-    async def publish(
-        self, account: TestAccount, state: Any = None, device: TestDevice | None = None
-    ) -> None:
-        """Publish the account's device state (bootstrapping with an account session)."""
-        from gapline.meshline import account_auth_input
-
-        state = state if state is not None else account.state
-        challenge = await self.ok("auth.challenge", {"account": account.account})
+    def account_verify_params(self, account: TestAccount, nonce: str) -> dict[str, Any]:
         payload = account_auth_input(
             relay_id=self.relay_id,
             origin=self.origin,
             account=account.account,
             account_public_key=account.key.public_key_b64,
-            nonce=challenge["nonce"],
+            nonce=nonce,
         )
+        return {
+            "nonce": nonce,
+            "account_public_key": account.key.public_key_b64,
+            "account_signature": account.key.sign_object(payload, self.context, exclude=()),
+        }
+
+    async def account_login(self, account: TestAccount) -> str:
+        """An account session over HTTP (challenge, then ``auth.account.verify``)."""
+        challenge = await self.ok("auth.challenge", {"account": account.account})
         creds = await self.ok(
-            "auth.account.verify",
-            {
-                "nonce": challenge["nonce"],
-                "account_public_key": account.key.public_key_b64,
-                "account_signature": account.key.sign_object(payload, self.context, exclude=()),
-            },
+            "auth.account.verify", self.account_verify_params(account, challenge["nonce"])
         )
         assert creds["mode"] == "account"
-        result = await self.ok("device.state.publish", state.to_wire(), token=creds["token"])
+        return creds["token"]
+
+    async def publish(
+        self,
+        account: TestAccount,
+        state: Any = None,
+        device: TestDevice | None = None,
+        *,
+        public: bool = True,
+    ) -> None:
+        """Publish the account's device state (bootstrapping with an account session).
+
+        With ``public`` (the default), the account's first publication through this object
+        also publishes a profile with public discovery on, signed by a device valid now, so
+        any account may send to it without a grant, as the timeline tests assume.
+        """
+        state = state if state is not None else account.state
+        token = await self.account_login(account)
+        result = await self.ok("device.state.publish", state.to_wire(), token=token)
         assert result == {"status": "accepted"}
+        first = account.account not in self.published
+        self.published.add(account.account)
+        if public and first:
+            valid = [d for d in account.devices if d.certificate.is_valid_at(self.clock())]
+            listed = {c.to_json() for c in state.certificates}
+            signer = next((d for d in valid if d.certificate.to_json() in listed), None)
+            if signer is not None:
+                await self.publish_profile(account, signer, public_discovery=True)
+
+    async def publish_profile(
+        self, account: TestAccount, device: TestDevice | None = None, **fields: Any
+    ) -> AccountProfile:
+        """Sign a profile with ``device`` (default the first) and ``profile.publish`` it."""
+        device = device or account.device()
+        fields.setdefault("public_discovery", True)
+        fields.setdefault("updated_at", self.clock())
+        profile = sign_profile(device.keys, account.account, self.context, **fields)
+        resp = await self.call(
+            "profile.publish", profile.to_wire(), token=await self.login(account, device)
+        )
+        assert resp.status_code == 204, resp.text
+        return profile
 
 
 @contextlib.asynccontextmanager
@@ -184,6 +235,11 @@ async def start_relay(
         yield RelayUnderTest(
             server.url, server.ws_url, server.relay.relay_id, clock, http, server_=server
         )
+
+
+def remote(proc: RelayProcess, http: httpx.AsyncClient) -> RelayUnderTest:
+    """A relay process (``RelayProcess``) reached over HTTP, with the real clock."""
+    return RelayUnderTest(proc.url, proc.ws_url, proc.relay_id, Clock(), http)
 
 
 class WsClient:

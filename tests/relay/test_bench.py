@@ -1,4 +1,5 @@
-"""bench/relay.py --quick runs and prints one JSON object with the expected keys."""
+"""bench/relay.py --quick runs and prints one JSON object with the expected keys (the send
+rates, latencies, the grant-against-plain sends and route lookups against relay.info)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,12 @@ def test_bench_quick_prints_the_figures(postgres_cluster: object) -> None:
         ):
             assert key in data, (scenario, key)
         assert set(data["sync_latency_ms"]) >= {"p50", "p99"}
+        for arm in ("without_authorization", "with_grant"):
+            assert data["authorization"][arm]["requests"] > 0, (scenario, arm)
+        assert data["authorization"]["grant_slowdown"] > 0
+        for arm in ("relay.info", "account.route.resolve"):
+            assert data["route_lookup"][arm]["requests"] > 0, (scenario, arm)
+        assert data["route_lookup"]["resolve_over_info"] > 0
         assert set(data["cpu"]) >= {"relay_ms_per_send", "client_ms_per_send"}
     assert figures["postgres"]["processes"] == 2
     assert "targets" in figures and "machine" in figures

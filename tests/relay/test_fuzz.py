@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gapline.meshline import HTTP_STATUS_BY_CODE
+from gapline.meshline import HTTP_STATUS_BY_CODE, issue_grant
 from gapline.meshline.testing import make_account, make_send_params
 from tests.relay.harness import VERBS, start_relay
 
@@ -37,6 +37,12 @@ FIELDS = [
     "revision",
     "certificates",
     "$context",
+    "public_discovery",
+    "updated_at",
+    "expires_at",
+    "relay_id",
+    "created_at",
+    "nickname",
 ]
 CODES = set(HTTP_STATUS_BY_CODE) | {"method_not_found"}
 
@@ -82,9 +88,13 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             await r.publish(alice)
             await r.publish(bob)
             token = await r.login(alice)
-            ready["live"] = Live(
-                r.url, token, make_send_params(alice, bob, created_at=r.clock()).to_wire()
+            send = make_send_params(alice, bob, created_at=r.clock()).to_wire()
+            dev = bob.device()
+            grant = issue_grant(
+                dev.keys, dev.device_id, r.context, grantor=bob.account, grantee=alice.account
             )
+            send["authorization"] = grant.to_wire()  # evaluated even though bob is public
+            ready["live"] = Live(r.url, token, send)
             started.set()
             await stop.wait()
 
@@ -102,7 +112,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
 
 def _check(resp: httpx.Response) -> None:
     assert resp.status_code < 500, resp.text
-    if resp.status_code != 200:
+    if resp.status_code not in (200, 204):
         body = resp.json()
         assert body["code"] in CODES and isinstance(body["message"], str), body
 
@@ -134,7 +144,9 @@ def test_json_bodies_and_queries_never_5xx(
 )
 @given(
     path=st.lists(
-        st.sampled_from(["envelope", "recipient_boxes", "sender_boxes"]), min_size=1, max_size=1
+        st.sampled_from(["envelope", "recipient_boxes", "sender_boxes", "authorization"]),
+        min_size=1,
+        max_size=1,
     ),
     value=json_values,
     key=st.text(max_size=12),

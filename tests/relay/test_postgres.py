@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.relay.accounts_client_contract import AccountsClientContract
 from tests.relay.client_flow_contract import ClientFlowContract
+from tests.relay.contacts_contract import ContactsContract
+from tests.relay.profiles_routes_contract import ProfilesRoutesContract
 from tests.relay.send_batch_contract import SendBatchContract
 from tests.relay.timeline_contract import TimelineContract
 
@@ -29,4 +32,23 @@ class TestClientFlowPostgres(_OnPostgres, ClientFlowContract):
     pass
 
 
-del ClientFlowContract, SendBatchContract, TimelineContract
+class TestProfilesRoutesPostgres(_OnPostgres, ProfilesRoutesContract):
+    pass
+
+
+class TestContactsPostgres(_OnPostgres, ContactsContract):
+    pass
+
+
+class TestAccountsClientPostgres(_OnPostgres, AccountsClientContract):
+    pass
+
+
+del (
+    AccountsClientContract,
+    ClientFlowContract,
+    ContactsContract,
+    ProfilesRoutesContract,
+    SendBatchContract,
+    TimelineContract,
+)

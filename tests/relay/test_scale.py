@@ -12,47 +12,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import Iterator
 
 import aiohttp
 import httpx
 import pytest
 
-from gapline.meshline.testing import TEST_CONTEXT, make_account, make_send_params
+from gapline.meshline.testing import make_account, make_send_params
 from gapline.relay.devserver import RelayProcess
-from tests.relay.harness import Clock, RelayUnderTest, WsClient
+from tests.relay.harness import WsClient
+from tests.relay.harness import remote as _remote
 
 pytestmark = pytest.mark.postgres
 
 SENDS = 10_000
 SENDERS = 40
-
-
-@pytest.fixture
-def two_relays(postgres_dsn: str) -> Iterator[tuple[RelayProcess, RelayProcess]]:
-    args = [
-        "--network-context",
-        str(TEST_CONTEXT),
-        "--rate",
-        "1000000",
-        "--burst",
-        "1000000",
-        "--log-level",
-        "warning",
-    ]
-    first = RelayProcess.start(postgres_dsn, extra_args=args)
-    try:
-        second = RelayProcess.start(postgres_dsn, extra_args=args)
-        try:
-            yield first, second
-        finally:
-            assert second.stop() == 0, second.log_tail()
-    finally:
-        assert first.stop() == 0, first.log_tail()
-
-
-def _remote(proc: RelayProcess, http: httpx.AsyncClient) -> RelayUnderTest:
-    return RelayUnderTest(proc.url, proc.ws_url, proc.relay_id, Clock(), http)
 
 
 async def test_websocket_on_one_process_is_notified_of_a_send_through_the_other(

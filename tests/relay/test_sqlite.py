@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.relay.accounts_client_contract import AccountsClientContract
 from tests.relay.client_flow_contract import ClientFlowContract
+from tests.relay.contacts_contract import ContactsContract
+from tests.relay.profiles_routes_contract import ProfilesRoutesContract
 from tests.relay.send_batch_contract import SendBatchContract
 from tests.relay.timeline_contract import TimelineContract
 
@@ -29,4 +32,23 @@ class TestClientFlowSQLite(_OnSQLite, ClientFlowContract):
     pass
 
 
-del ClientFlowContract, SendBatchContract, TimelineContract
+class TestProfilesRoutesSQLite(_OnSQLite, ProfilesRoutesContract):
+    pass
+
+
+class TestContactsSQLite(_OnSQLite, ContactsContract):
+    pass
+
+
+class TestAccountsClientSQLite(_OnSQLite, AccountsClientContract):
+    pass
+
+
+del (
+    AccountsClientContract,
+    ClientFlowContract,
+    ContactsContract,
+    ProfilesRoutesContract,
+    SendBatchContract,
+    TimelineContract,
+)

@@ -24,8 +24,10 @@ from gapline.relay import TimelineStore
 from gapline.relay._errors import RelayFailure
 from gapline.relay._store import (
     DeviceEntry,
+    HistoryRow,
     NewSend,
     NewState,
+    RecordRow,
     Session,
     _sql_postgres,
     _timeline,
@@ -101,6 +103,34 @@ async def _workload(store: TimelineStore) -> None:
     await timelines.sync("bob", "b0", -1, 10, NOW + RETENTION)  # expired, not cleaned up
     await store.cleanup(NOW + RETENTION + 1)
     await timelines.sync("bob", "b0", -1, 10, NOW + RETENTION + 1)  # the gap mark
+
+    profiles, routes = store.profiles, store.routes
+    assert await profiles.replace(
+        "alice", expected=None, updated_at=NOW, canonical="p1", signer_certificate="c"
+    )
+    assert not await profiles.replace(  # another publication came first
+        "alice", expected=None, updated_at=NOW, canonical="p2", signer_certificate="c"
+    )
+    assert await profiles.replace(
+        "alice", expected=1, updated_at=NOW + 1, canonical="p2", signer_certificate="c"
+    )
+    assert (await profiles.current("alice")) is not None
+    assert await profiles.access("alice") is not None
+    assert (await profiles.access("alice", state_revision=2, profile_revision=2)) is not None
+    assert await profiles.access("nobody") is None
+    key = "ab" * 32
+    first = HistoryRow(5, "sha256:x", False)
+    record = RecordRow(5, "sha256:x", "{}", NOW + 10)
+    assert await routes.commit(key, expected=None, new=first, record=record)
+    assert await routes.history(key) == first
+    newer = HistoryRow(6, "sha256:y", False)
+    assert not await routes.commit(key, expected=None, new=newer)  # not what is stored
+    assert await routes.commit(
+        key, expected=first, new=newer, record=RecordRow(6, "sha256:y", "{}", NOW + 10)
+    )
+    assert await routes.values(key, NOW) == ["{}"]  # revision 5 is gone
+    await store.cleanup(NOW + 11)
+    assert await routes.values(key, NOW) == []
 
 
 def _statements(log: list[tuple[str, tuple[Any, ...]]]) -> dict[str, tuple[Any, ...]]:

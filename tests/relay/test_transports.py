@@ -11,6 +11,7 @@ import httpx
 import pytest
 import websockets
 
+from gapline.meshline import issue_invite, sign_state_query
 from gapline.meshline.testing import make_account, make_send_params
 from tests.relay.harness import WsClient, start_relay
 
@@ -309,8 +310,24 @@ async def test_device_state_resolve_signed_fields(sqlite_dsn: str) -> None:
             headers={"X-Meshline-Session": token},
         )
         assert resp.status_code == 400 and resp.json()["code"] == "bad_request"
+        # Signed queries are evaluated now: an incomplete one is malformed (never a fallback
+        # to a read by account), a complete one for one's own account is forbidden.
         signed = {"$type": "meshline.device.state.resolve", "account": alice.account}
         status = await r.call("device.state.resolve", signed, token=token, verb="POST")
+        assert status.status_code == 400 and status.json()["code"] == "bad_request"
+        dev = alice.device()
+        invite = issue_invite(
+            dev.keys, dev.device_id, r.context, inviter=alice.account, expires_at=r.clock() + 60
+        )
+        own = sign_state_query(
+            dev.keys,
+            dev.certificate,
+            r.context,
+            account=alice.account,
+            authorization=invite,
+            created_at=r.clock(),
+        )
+        status = await r.call("device.state.resolve", own.to_wire(), token=token, verb="POST")
         assert status.status_code == 403 and status.json()["code"] == "forbidden"
 
 

@@ -3,6 +3,9 @@
 - ``_accounts``: device states, devices and certificates, challenges, sessions;
 - ``_sends``: accepting ``message.send`` (idempotent on (from, message_id)) and its results;
 - ``_timeline``: sequences, records and their device visibility, the sync page, retention;
+- ``_profiles``: each account's current profile, and the read authorization decisions make;
+- ``_routes``: the relay's replica of the account-route DHT keyspace and its version
+  information;
 - ``_sql_postgres``: PostgreSQL's own forms of rules whose generic form is in a sibling;
 - ``_facade``: ``TimelineStore``, the object the server holds; migrations (``_schema``),
   the relay's own settings, and the retention cleanup that spans the stores.
@@ -19,6 +22,8 @@ from gapline.relay._store._accounts import (
     Session,
 )
 from gapline.relay._store._facade import CleanupReport, TimelineStore
+from gapline.relay._store._profiles import AccessRow, Profiles, StoredProfile
+from gapline.relay._store._routes import HistoryRow, RecordRow, Routes
 from gapline.relay._store._sends import AcceptedSend, DeliveryResult, NewSend, Sends
 from gapline.relay._store._timeline import (
     TIMELINE_CHANNEL,
@@ -32,15 +37,21 @@ __all__ = [
     "DEVICE_STATE_CHANNEL",
     "TIMELINE_CHANNEL",
     "AcceptedSend",
+    "AccessRow",
     "Accounts",
     "CleanupReport",
     "DeliveryResult",
     "DeviceEntry",
+    "HistoryRow",
     "KeyBox",
     "NewSend",
     "NewState",
+    "Profiles",
+    "RecordRow",
+    "Routes",
     "Sends",
     "Session",
+    "StoredProfile",
     "SyncItem",
     "SyncPage",
     "TimelineStore",

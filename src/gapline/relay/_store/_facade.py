@@ -2,7 +2,8 @@
 
 The server holds a ``TimelineStore`` and reaches each kind of state through it:
 ``accounts`` (device states, certificates, challenges, sessions), ``sends`` (accepting
-``message.send`` and its results) and ``timelines`` (heads, records, the sync page).
+``message.send`` and its results), ``timelines`` (heads, records, the sync page),
+``profiles`` and ``routes`` (the route DHT replica and its version information).
 Retention cleanup spans them all, so it lives here, as does the relay's own key.
 
 The stores know nothing of cryptography: callers pass objects already verified.
@@ -13,12 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gapline.relay._store import _accounts, _sends, _timeline
+from gapline.relay._store import _accounts, _routes, _sends, _timeline
 from gapline.relay._store._accounts import Accounts
+from gapline.relay._store._profiles import Profiles
+from gapline.relay._store._routes import Routes
 from gapline.relay._store._schema import MIGRATIONS, SCHEMA
 from gapline.relay._store._sends import Sends
 from gapline.relay._store._timeline import Timelines
-from gapline.storage import Backend, Tx
+from gapline.storage import Backend, Dialect, Tx
 
 __all__ = ["CleanupReport", "TimelineStore"]
 
@@ -30,17 +33,19 @@ class CleanupReport:
     records: int
     visibility_rows: int
     sends: int
+    routes: int = 0  # expired route values (their version information is kept)
 
     @property
     def total(self) -> int:
-        return self.records + self.visibility_rows + self.sends
+        return self.records + self.visibility_rows + self.sends + self.routes
 
 
 def _cleanup_batch(tx: Tx, now: int) -> CleanupReport:
     records, visibility_rows = _timeline.expire(tx, now, _CLEANUP_BATCH)
     sends = _sends.expire(tx, now, _CLEANUP_BATCH)
+    routes = _routes.expire(tx, now, _CLEANUP_BATCH)
     _accounts.expire(tx, now)
-    return CleanupReport(records, visibility_rows, sends)
+    return CleanupReport(records, visibility_rows, sends, routes)
 
 
 class TimelineStore:
@@ -52,6 +57,14 @@ class TimelineStore:
         self.accounts = Accounts(backend)
         self.sends = Sends(backend)
         self.timelines = Timelines(backend)
+        self.profiles = Profiles(backend)
+        self.routes = Routes(backend)
+
+    @property
+    def single_writer(self) -> bool:
+        """Whether this process is the only one writing the database (SQLite: one relay
+        process per file), so what it caches is changed by its own writes only."""
+        return self.backend.dialect is Dialect.SQLITE
 
     async def migrate(self) -> None:
         await self.backend.migrate(SCHEMA, MIGRATIONS)
@@ -82,6 +95,7 @@ class TimelineStore:
                 total.records + report.records,
                 total.visibility_rows + report.visibility_rows,
                 total.sends + report.sends,
+                total.routes + report.routes,
             )
             if report.total == 0:
                 return total

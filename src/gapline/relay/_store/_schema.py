@@ -125,11 +125,53 @@ CREATE TABLE sends (
 CREATE INDEX sends_by_expiry ON sends (expires_at);
 """
 
+_V2 = """
+-- Each account's current AccountProfile and the certificate of the device that signed it
+-- (checked at publication; profile.resolve returns both). revision counts acceptances (1 for
+-- the first), so a publication replaces exactly the profile its checks were made against.
+CREATE TABLE profiles (
+    account            TEXT PRIMARY KEY,
+    revision           {BIG} NOT NULL,
+    updated_at         {BIG} NOT NULL,
+    canonical          TEXT NOT NULL,
+    signer_certificate TEXT NOT NULL
+);
+
+-- Route-version information, kept forever per DHT key (the key derives from the network
+-- context and the account): the highest verified route revision, the content digest at it
+-- ('' once two contents were seen there) and whether that same-revision conflict is unresolved.
+CREATE TABLE route_history (
+    dht_key  TEXT PRIMARY KEY,
+    revision {BIG} NOT NULL,
+    digest   TEXT NOT NULL,
+    conflict INTEGER NOT NULL
+);
+
+-- This relay's replica of the account-route DHT keyspace: final co-signed AccountRoute
+-- values (UTF-8 JSON, unchanged) by DHT key (hex), only at the key's highest revision.
+CREATE TABLE route_records (
+    dht_key    TEXT NOT NULL,
+    revision   {BIG} NOT NULL,
+    digest     TEXT NOT NULL,
+    value      TEXT NOT NULL,
+    expires_at {BIG} NOT NULL,
+    PRIMARY KEY (dht_key, revision, digest)
+);
+-- The cleanup scan (expired values go; their version information stays in route_history).
+CREATE INDEX route_records_by_expiry ON route_records (expires_at);
+"""
+
+
+def _both(version: int, name: str, text: str) -> Migration:
+    return Migration(
+        version=version,
+        name=name,
+        sqlite=text.replace("{BIG}", "INTEGER"),
+        postgres=text.replace("{BIG}", "BIGINT"),
+    )
+
+
 MIGRATIONS = [
-    Migration(
-        version=1,
-        name="timelines, device state, sessions, sends",
-        sqlite=_V1.replace("{BIG}", "INTEGER"),
-        postgres=_V1.replace("{BIG}", "BIGINT"),
-    ),
+    _both(1, "timelines, device state, sessions, sends", _V1),
+    _both(2, "profiles, account routes and their version information", _V2),
 ]
