@@ -47,9 +47,11 @@ __all__ = [
     "room_state",
     "send_event",
     "send_receipt",
+    "set_displayname",
     "set_read_markers",
     "sync",
     "sync_filter",
+    "typing",
     "upload_media",
     "versions",
     "whoami",
@@ -524,3 +526,24 @@ def download_media(server_name: str, media_id: str, *, filename: str | None = No
     if filename is not None:
         segments.append(filename)
     return Request("GET", _path(CLIENT_V1, *segments))
+
+
+# -- timeline: typing and profile ---------------------------------------------------------
+
+
+def typing(room_id: str, user_id: str, *, typing: bool, timeout_ms: int = 30_000) -> Request:
+    """``PUT /rooms/{roomId}/typing/{userId}``: start (for ``timeout_ms``) or stop typing."""
+    body: dict[str, Any] = {"typing": typing}
+    if typing:
+        body["timeout"] = timeout_ms
+    return Request("PUT", _path(CLIENT_V3, "rooms", room_id, "typing", user_id), json=body)
+
+
+def set_displayname(user_id: str, displayname: str) -> Request:
+    """``PUT /profile/{userId}/displayname`` (the server updates every joined room's member
+    event)."""
+    return Request(
+        "PUT",
+        _path(CLIENT_V3, "profile", user_id, "displayname"),
+        json={"displayname": displayname},
+    )
