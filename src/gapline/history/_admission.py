@@ -109,6 +109,7 @@ class _Batch:
     relations: dict[str, Relation | None] = field(default_factory=dict)
     events: dict[str, ClientEvent] = field(default_factory=dict)
     index: list[tuple[str, str, str]] = field(default_factory=list)
+    loaded: set[str] = field(default_factory=set)  # looked up, whether found or not
 
     def get(self, event_id: str) -> Aggregate:
         return self.aggregates.get(event_id, EMPTY)
@@ -139,6 +140,7 @@ class Admission:
         ids = [e.event_id for e in events]
         targets = [r.target for r in rels if r is not None]
         batch = _Batch(store.relations.aggregates(tx, agg_room, ids + targets))
+        batch.loaded.update(ids + targets)
         batch.events = {e.event_id: e for e in events}
         batch.relations = dict(zip(ids, rels, strict=True))
         relation_ids = [e.event_id for e, r in zip(events, rels, strict=True) if r is not None]
@@ -193,6 +195,13 @@ class Admission:
             return found.event
         return None
 
+    def _load(self, batch: _Batch, event_id: str) -> None:
+        """Make sure ``event_id``'s held aggregate is in the batch before changing it."""
+        if event_id not in batch.aggregates and event_id not in batch.loaded:
+            s = self.s
+            batch.aggregates.update(s.store.relations.aggregates(s.tx, s.agg_room, [event_id]))
+            batch.loaded.add(event_id)
+
     def _relate(self, batch: _Batch, event: ClientEvent, rel: Relation) -> None:
         target = rel.target
         match rel.kind:
@@ -237,13 +246,15 @@ class Admission:
                 events[i] = batch.events[target] = purged(event, redaction.event_id)
         # The target may itself be a relation: it stops counting where it counted.
         rel = batch.relations.get(target)
+        related, kind = (rel.target, rel.kind.value) if rel is not None else (None, None)
         if rel is None and target not in batch.relations:
+            # Seen before (retained, or taken from a server's bundle): the index says what
+            # it related to.
             indexed = self.s.store.relations.indexed(self.s.tx, self.s.agg_room, [target])
-            if target in indexed:
-                original = self._original(batch, target)
-                rel = None if original is None else relation_of(original)
-        if rel is not None and rel.kind in (RelKind.REPLACE, RelKind.ANNOTATION):
-            batch.put(rel.target, without_relation(batch.get(rel.target), target))
+            related, kind = indexed.get(target, (None, None))
+        if related is not None and kind in (RelKind.REPLACE.value, RelKind.ANNOTATION.value):
+            self._load(batch, related)
+            batch.put(related, without_relation(batch.get(related), target))
 
     def _bundles(self, batch: _Batch, event: ClientEvent) -> None:
         """What the server bundled with ``event``: its newest edit, its thread's summary."""
@@ -268,6 +279,9 @@ class Admission:
             )
             held = batch.get(event.event_id)
             batch.put(event.event_id, with_edit(held, revision, event.sender, from_bundle=True))
+            # Indexed like an edit event that arrived: its redaction withdraws it, and the
+            # event itself, arriving later, takes effect no second time.
+            batch.index.append((edit.event_id, event.event_id, RelKind.REPLACE.value))
         thread = relations.get("m.thread")
         if isinstance(thread, dict):
             count = thread.get("count")
@@ -298,7 +312,7 @@ class Admission:
         root's summary, changed retained events into ``RowChanged`` rows (stored again
         without content when redacted), quotes into the batch's replies."""
         s = self.s
-        store, tx = s.store, s.tx
+        store = s.store
         reader = self._reader()
         rows = {i.event_id: i for i in items}
         outside: dict[str, tuple[StoredEvent | None, ClientEvent, EventItem]] = {}
@@ -327,15 +341,10 @@ class Admission:
             item = row_of(event_id)
             if item is None:
                 continue
-            rel = batch.relations.get(event_id)
-            if rel is None and event_id not in batch.relations:
-                original = self._original(batch, event_id)
-                rel = None if original is None else relation_of(original)
-            if rel is None or rel.kind is not RelKind.THREAD:
+            root = self._thread_of(batch, event_id)
+            if root is None:
                 continue
-            root = rel.target
-            if root not in batch.aggregates:
-                batch.aggregates.update(store.relations.aggregates(tx, s.agg_room, [root]))
+            self._load(batch, root)
             before = batch.get(root)
             batch.put(root, with_latest_reply(before, thread_reply(item)))
             if batch.get(root) != before:
@@ -360,6 +369,16 @@ class Admission:
         if batch.index:
             out.append(RelationIndexed(tuple(batch.index)))
         return final, out
+
+    def _thread_of(self, batch: _Batch, event_id: str) -> str | None:
+        """The root of the thread ``event_id`` replies in, if it is a thread reply (the
+        index says so even once a redaction took its content)."""
+        if event_id in batch.relations:
+            rel = batch.relations[event_id]
+            return rel.target if rel is not None and rel.kind is RelKind.THREAD else None
+        s = self.s
+        found = s.store.relations.indexed(s.tx, s.agg_room, [event_id]).get(event_id)
+        return found[0] if found is not None and found[1] == RelKind.THREAD.value else None
 
     def _outside(
         self, batch: _Batch, event_id: str

@@ -77,6 +77,7 @@ CREATE TABLE history_relation (
     room INTEGER NOT NULL,          -- history_room.rid of the room
     event BLOB NOT NULL,            -- keyed hash of the relation event's id
     target BLOB NOT NULL,           -- keyed hash of the event it relates to
+    target_id BLOB NOT NULL,        -- the event it relates to, sealed (aad: room hash || event)
     kind TEXT NOT NULL,             -- replace | annotation | thread | redaction
     PRIMARY KEY (room, event)
 ) WITHOUT ROWID;

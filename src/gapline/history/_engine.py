@@ -298,6 +298,22 @@ class Engine:
         """Wait until the sync loop committed ``count`` syncs in total (tests, tools)."""
         await self._sync.wait(count)
 
+    async def wait_idle(self, room_id: str, thread_root: str | None = None) -> None:
+        """Wait until the open room's (or thread's) running operation, if any, settled
+        (tests, tools: a thread's recent load runs in the background like a room's)."""
+        room = self._open(room_id, thread_root)
+        while room is not None and room.op is not None:
+            op = room.op
+            await op.launched.wait()
+            if op.task is not None:
+                await asyncio.wait([op.task])
+            if room.op is op:
+                break
+
+    async def wait_quotes(self) -> None:
+        """Wait until no replied-to event is being fetched (tests, tools)."""
+        await self._quotes.wait()
+
     @property
     def sync_count(self) -> int:
         return self._sync.count

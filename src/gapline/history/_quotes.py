@@ -84,6 +84,11 @@ class Quotes:
             await self._flush(room_id)
         self._wanted.pop(room_id, None)
 
+    async def wait(self) -> None:
+        """Return once no fetch runs (tests and tools)."""
+        while running := [t for t in self._tasks.values() if not t.done()]:
+            await asyncio.gather(*running, return_exceptions=True)
+
     async def forget(self, room_id: str) -> None:
         """The room closed: stop fetching for it."""
         self._wanted.pop(room_id, None)

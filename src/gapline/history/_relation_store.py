@@ -85,14 +85,19 @@ class RelationTables:
 
     # -- the relation index ---------------------------------------------------------------
 
-    def indexed(self, tx: Tx, room: Room, event_ids: Iterable[str]) -> dict[str, tuple[bytes, str]]:
-        """Relation events among ``event_ids`` already seen: their target's hash and kind."""
+    def indexed(self, tx: Tx, room: Room, event_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
+        """Relation events among ``event_ids`` already seen: the event each relates to,
+        and how."""
         by_key = self._hashes(event_ids)
+        decrypt = self._store.cipher.decrypt
         return {
-            by_key[bytes(event)]: (bytes(target), str(kind))
+            by_key[bytes(event)]: (
+                decrypt(bytes(target), room.key + b"rel" + bytes(event)).decode(),
+                str(kind),
+            )
             for event, target, kind in self._in(
                 tx,
-                "SELECT event, target, kind FROM history_relation WHERE room = ?"
+                "SELECT event, target_id, kind FROM history_relation WHERE room = ?"
                 " AND event IN ({marks})",
                 room,
                 list(by_key),
@@ -192,12 +197,13 @@ class RelationTables:
                 keys = self._store.event_keys
                 events = keys([e for e, _, _ in entries])
                 targets = keys([t for _, t, _ in entries])
+                encrypt = self._store.cipher.encrypt
                 tx.executemany(
-                    "INSERT INTO history_relation (room, event, target, kind) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT (room, event) DO NOTHING",
+                    "INSERT INTO history_relation (room, event, target, target_id, kind)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room, event) DO NOTHING",
                     [
-                        (room.rid, e, t, kind)
-                        for e, t, (_, _, kind) in zip(events, targets, entries, strict=True)
+                        (room.rid, e, t, encrypt(target.encode(), room.key + b"rel" + e), kind)
+                        for e, t, (_, target, kind) in zip(events, targets, entries, strict=True)
                     ],
                 )
             case MembersUpdated(members=members):
