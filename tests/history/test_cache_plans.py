@@ -34,7 +34,7 @@ async def test_relation_reads_use_their_indexes(tmp_path: Path) -> None:
         detail = " | ".join(
             row[3] for row in db.execute("EXPLAIN QUERY PLAN " + sql, [1] * sql.count("?"))
         )
-        assert "USING PRIMARY KEY" in detail or "USING" in detail and "INDEX" in detail, (
+        assert "USING PRIMARY KEY" in detail or ("USING" in detail and "INDEX" in detail), (
             name,
             detail,
         )

@@ -113,7 +113,8 @@ async def test_mark_read_moves_the_marker_and_the_receipt_and_tells_the_server(t
         items = h.engine.timeline(world.room).state.items
         index = next(i for i, r in enumerate(items) if getattr(r, "event_id", None) == first)
         assert isinstance(items[index + 1], ReadMarkerItem)  # the unread divider
-        assert items[index].receipts == (world.alice.user_id,)
+        marked = items[index]
+        assert isinstance(marked, EventItem) and marked.receipts == (world.alice.user_id,)
         [call] = [r for r in world.fake.requests if r.endpoint == "read_markers"]
         assert call.body == {"m.fully_read": first, "m.read": first}
         await h.engine.sync_once()  # the server's echo moves nothing more
