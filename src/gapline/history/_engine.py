@@ -256,6 +256,11 @@ class Engine:
         """The open room's timeline; ``KeyError`` when the room is not open."""
         return self._rooms[room_id].timeline
 
+    @property
+    def me(self) -> str | None:
+        """The account's user id (``None`` offline, or before the client logged in)."""
+        return self.store.me or (None if self.client is None else self.client.user_id)
+
     def is_open(self, room_id: str) -> bool:
         return self._open(room_id) is not None
 
