@@ -24,7 +24,7 @@ from gapline.history import (
     TimelineChanged,
     TypingChanged,
 )
-from gapline.tui._rows import MarkerRow
+from gapline.tui._rows import EventRow, MarkerRow
 from gapline.tui._text import sender_colour
 from tests.tui.fake_engine import ROOM, message
 from tests.tui.support import make_app, until
@@ -54,11 +54,15 @@ async def test_rows_show_quotes_chips_threads_names_and_state_in_words() -> None
         [marker] = [r for r in app.timeline.rows if isinstance(r, MarkerRow)]
         assert marker.display and "new messages" in str(marker.render())
         # one colour per user, the same on every row
-        rows = [(r, r.item) for r in app.timeline.rows if isinstance(r.item, EventItem)]
+        rows = [
+            (r, r.item)
+            for r in app.timeline.rows
+            if isinstance(r, EventRow) and isinstance(r.item, EventItem)
+        ]
         spans = {
             (item.sender, str(s.style))
             for r, item in rows
-            for s in r.render().spans
+            for s in EventRow.render(r).spans
             if "bold #" in str(s.style)
         }
         assert {style for _, style in spans} == {
