@@ -92,6 +92,12 @@ CREATE TABLE history_member (
     PRIMARY KEY (room, member)
 ) WITHOUT ROWID;
 CREATE INDEX history_member_by_name ON history_member (room, name);
+-- Work a migration leaves for the engine to do at open ('relations': classify and
+-- aggregate the events retained before the relation rules existed).
+CREATE TABLE history_upgrade (
+    step TEXT PRIMARY KEY
+);
+INSERT INTO history_upgrade (step) SELECT 'relations' WHERE EXISTS (SELECT 1 FROM history_event);
 -- Events fetched on their own (a replied-to event not in any section).
 CREATE TABLE history_detached (
     room INTEGER NOT NULL,          -- history_room.rid of the room

@@ -66,6 +66,7 @@ from gapline.history._updates import (
     RelationIndexed,
     Room,
     RowChanged,
+    RowsHidden,
     StoredEvent,
     Update,
 )
@@ -422,6 +423,11 @@ class CacheStore:
                 )
             case AggregateChanged() | RelationIndexed() | MembersUpdated() | DetachedStored():
                 self.relations.write(tx, room, update)
+            case RowsHidden(keys=keys):
+                tx.executemany(
+                    "UPDATE history_event SET shown = 0 WHERE room = ? AND ord = ? AND pos = ?",
+                    [(room.rid, o, p) for o, p in keys],
+                )
             case RowChanged():
                 pass  # a row shows what the stored event and its aggregate say: nothing to store
 
@@ -531,6 +537,27 @@ class CacheStore:
             return Window(events, gaps, items=items)
 
         return await self.backend.read(op)
+
+    def room_ids(self, tx: Tx) -> list[str]:
+        """Every room (and thread timeline) the store has seen, by name."""
+        rows = tx.all("SELECT room, room_id FROM history_room ORDER BY rid")
+        return [self.cipher.decrypt(bytes(v), bytes(k)).decode() for k, v in rows]
+
+    def events_after(self, tx: Tx, room: Room, after: Key | None, limit: int) -> list[StoredEvent]:
+        """Up to ``limit`` events (shown or not) after ``after``, oldest first."""
+        if after is None:
+            rows = tx.all(
+                "SELECT ord, pos, event, body FROM history_event WHERE room = ?"
+                " ORDER BY ord, pos LIMIT ?",
+                (room.rid, limit),
+            )
+        else:
+            rows = tx.all(
+                "SELECT ord, pos, event, body FROM history_event WHERE room = ?"
+                " AND (ord, pos) > (?, ?) ORDER BY ord, pos LIMIT ?",
+                (room.rid, after[0], after[1], limit),
+            )
+        return self._rows(room, rows)
 
     async def room_is_known(self, room_id: str) -> bool:
         return await self.backend.read(lambda tx: self.find_room(tx, room_id) is not None)

@@ -83,6 +83,7 @@ from gapline.history._types import (
     Shutdown,
     TypingChanged,
 )
+from gapline.history._upgrade import finish_upgrades
 from gapline.history._walks import Walks
 from gapline.matrix import MatrixClient, SyncResponse
 from gapline.storage import Backend, open_backend, open_cipher, tune_sqlite_writer
@@ -192,6 +193,7 @@ class Engine:
             if cipher is None:
                 cipher = await open_cipher(backend, passphrase, kdf_cost=kdf_cost)
             cache = await CacheStore.open(backend, cipher)
+            await finish_upgrades(cache)
             if own_backend:
                 # Only a file of the engine's own: a backend passed in keeps its settings.
                 await tune_sqlite_writer(

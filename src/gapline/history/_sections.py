@@ -43,6 +43,7 @@ from gapline.history._types import GapLifecycle
 from gapline.history._updates import (
     AggregateChanged,
     DetachedStored,
+    EventRewritten,
     EventsAdded,
     GapAdded,
     GapChanged,
@@ -52,6 +53,8 @@ from gapline.history._updates import (
     MembersUpdated,
     ReceiptsChanged,
     RelationIndexed,
+    RowsHidden,
+    StoredEvent,
     Update,
 )
 from gapline.matrix import ClientEvent
@@ -339,6 +342,22 @@ class Sections:
             aggregate = self.store.relations.aggregates(self.tx, self.agg_room, [event_id])
             item = render(event, aggregate.get(event_id), me=self.store.me)
         self._emit(DetachedStored(event_id, event, item))
+
+    def reclassify(self, stored: Sequence[StoredEvent]) -> None:
+        """Events retained before the relation rules existed (oldest first): they pass
+        the rules now, as if they had just arrived; those that are no rows are hidden."""
+        if not stored:
+            return
+        placed, effects = self.admission.admit(EventsAdded(0, 0, tuple(s.event for s in stored)))
+        assert placed.shown is not None
+        hidden = tuple(s.key for s, shown in zip(stored, placed.shown, strict=True) if not shown)
+        if hidden:
+            self._emit(RowsHidden(hidden))
+        for before, after in zip(stored, placed.events, strict=True):
+            if after is not before.event:
+                self._emit(EventRewritten(before.key, after, before.sender_name))
+        for effect in effects:
+            self._emit(effect)
 
     def extend_threads(self, prev_batch: str | None) -> dict[str, list[Update]]:
         """Carry this sync's thread replies into the timelines of threads already kept.

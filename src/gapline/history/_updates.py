@@ -39,6 +39,7 @@ __all__ = [
     "RelationIndexed",
     "Room",
     "RowChanged",
+    "RowsHidden",
     "StoredEvent",
     "Update",
 ]
@@ -177,6 +178,14 @@ class EventRewritten:
 
 
 @dataclass(frozen=True, slots=True)
+class RowsHidden:
+    """Retained events that are not rows after all (an upgrade classified them: edits,
+    reactions, redactions, thread replies retained before the relation rules existed)."""
+
+    keys: tuple[Key, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RelationIndexed:
     """Relation events seen, by (event id, target id, kind): each takes effect once."""
 
@@ -216,6 +225,7 @@ Update = (
     | AggregateChanged
     | EventRewritten
     | RelationIndexed
+    | RowsHidden
     | MembersUpdated
     | DetachedStored
 )
