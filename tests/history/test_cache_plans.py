@@ -9,6 +9,12 @@ from pathlib import Path
 from tests.history.cache_contract import ev, open_cache, write
 
 PLANS = {
+    "room window": "SELECT ord, pos, event, body, agg FROM history_event"
+    " WHERE room = ? AND shown = 1 ORDER BY ord DESC, pos DESC LIMIT ?",
+    "aggregate copy": "UPDATE history_event SET agg = ? WHERE room = ? AND event = ?",
+    "thread window": "SELECT e.ord, e.pos, e.event, e.body, a.value FROM history_event e"
+    " LEFT JOIN history_aggregate a ON a.room = ? AND a.target = e.event"
+    " WHERE e.room = ? AND e.shown = 1 ORDER BY e.ord DESC, e.pos DESC LIMIT ?",
     "window of rows": "SELECT ord, pos, event, body FROM history_event WHERE room = ?"
     " AND shown = 1 ORDER BY ord DESC, pos DESC LIMIT ?",
     "older rows": "SELECT ord, pos, event, body FROM history_event WHERE room = ? AND shown = 1"

@@ -182,7 +182,13 @@ class Admission:
                     self.thread_replies.setdefault(rel.target, []).append(event)
         else:
             shown = (True,) * len(events)
-        return EventsAdded(update.ord, update.pos, tuple(events), tuple(items), shown), effects
+        held = (
+            tuple(batch.aggregates.get(e.event_id) for e in events)
+            if s.thread_root is None
+            else None
+        )
+        placed = EventsAdded(update.ord, update.pos, tuple(events), tuple(items), shown, held)
+        return placed, effects
 
     # -- one relation event ---------------------------------------------------------------
 

@@ -64,6 +64,10 @@ _SQLITE_V2 = """
 -- 1: the event is a row of its timeline; 0: an edit, reaction, redaction or (in a
 -- room's timeline) a thread reply, kept so continuity can be proven by it.
 ALTER TABLE history_event ADD COLUMN shown INTEGER NOT NULL DEFAULT 1;
+-- The event's aggregate as history_aggregate holds it (same sealed value), kept with
+-- the event in the room's timeline so opening a room reads it with the row: no
+-- lookup in a table keyed by hashes. NULL: nothing relates to the event.
+ALTER TABLE history_event ADD COLUMN agg BLOB;
 -- What relations made of an event (edits, reactions, thread, a redaction), kept
 -- whether the event is retained yet or not (a relation may arrive first).
 CREATE TABLE history_aggregate (

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from gapline.history._aggregates import Aggregate
+from gapline.history._aggregates import Aggregate, decode_aggregate
 from gapline.history._cache_schema import HISTORY_MIGRATIONS
 from gapline.history._items import EventItem, GapLifecycle
 from gapline.history._relation_store import RelationTables
@@ -365,7 +365,9 @@ class CacheStore:
         ``event_key`` may supply event hashes the caller already computed.
         """
         match update:
-            case EventsAdded(ord=ord_, pos=pos, events=events, items=items, shown=shown):
+            case EventsAdded(
+                ord=ord_, pos=pos, events=events, items=items, shown=shown, aggregates=held
+            ):
                 # The per-event hot path of ingestion: one comprehension, locals only.
                 encode, encrypt, (rid, rkey) = self._encode, self.cipher.encrypt, room
                 keys = (
@@ -388,6 +390,20 @@ class CacheStore:
                     " VALUES (?, ?, ?, ?, ?, ?)",
                     rows,
                 )
+                if held and any(held):
+                    # The copy of each event's aggregate on its row (a room's own timeline
+                    # only: a thread's timeline reads its room's aggregates).
+                    seal = self.relations.seal
+                    tx.executemany(
+                        "UPDATE history_event SET agg = ? WHERE room = ? AND ord = ? AND pos = ?",
+                        [
+                            (seal(room, ek, a), rid, ord_, p)
+                            for p, ek, a in zip(
+                                range(pos, pos + len(events)), keys, held, strict=True
+                            )
+                            if a is not None
+                        ],
+                    )
             case GapAdded(gap=gap):
                 tx.execute(
                     "INSERT INTO history_gap (room, newer_ord, gap_id, older_ord, older_boundary,"
@@ -474,11 +490,43 @@ class CacheStore:
         thread = self.find_room(tx, thread_key(room_id, thread_root))
         return None if thread is None else (thread, room)
 
+    # A room's window reads each row's aggregate from the row itself (its copy, kept by
+    # the writer); a thread's window joins its room's aggregates by primary key.
+    _WINDOW = (
+        "SELECT ord, pos, event, body, agg FROM history_event"
+        " WHERE room = ? AND shown = 1{after} ORDER BY ord DESC, pos DESC LIMIT ?"
+    )
+    _THREAD_WINDOW = (
+        "SELECT e.ord, e.pos, e.event, e.body, a.value FROM history_event e"
+        " LEFT JOIN history_aggregate a ON a.room = ? AND a.target = e.event"
+        " WHERE e.room = ? AND e.shown = 1{after} ORDER BY e.ord DESC, e.pos DESC LIMIT ?"
+    )
+
     def _window(
-        self, tx: Tx, rooms: tuple[Room, Room], rows: Sequence[tuple[Any, ...]]
+        self, tx: Tx, rooms: tuple[Room, Room], after: Key | None, limit: int
     ) -> tuple[list[StoredEvent], list[EventItem]]:
-        events = self._rows(rooms[0], rows)
-        return events, RowReader(self, tx, *rooms).items(events)
+        room, agg = rooms
+        if room == agg:
+            text, args = self._WINDOW, [room.rid]
+            older = " AND (ord, pos) < (?, ?)"
+        else:
+            text, args = self._THREAD_WINDOW, [agg.rid, room.rid]
+            older = " AND (e.ord, e.pos) < (?, ?)"
+        if after is None:
+            sql = text.format(after="")
+        else:
+            sql = text.format(after=older)
+            args += [after[0], after[1]]
+        args.append(limit)
+        rows = list(reversed(tx.all(sql, tuple(args))))
+        events = self._rows(room, [r[:4] for r in rows])
+        decrypt, prefix = self.cipher.decrypt, agg.key + b"agg"
+        aggregates = {
+            stored.event_id: decode_aggregate(decrypt(bytes(r[4]), prefix + bytes(r[2])))
+            for stored, r in zip(events, rows, strict=True)
+            if r[4] is not None
+        }
+        return events, RowReader(self, tx, *rooms).items(events, aggregates)
 
     async def load_window(
         self, room_id: str, limit: int, *, thread_root: str | None = None
@@ -496,12 +544,7 @@ class CacheStore:
                 known = thread_root is not None and self.find_room(tx, room_id) is not None
                 return Window([], [], known=known, items=[])
             room = rooms[0]
-            rows = tx.all(
-                "SELECT ord, pos, event, body FROM history_event WHERE room = ? AND shown = 1"
-                " ORDER BY ord DESC, pos DESC LIMIT ?",
-                (room.rid, limit),
-            )
-            events, items = self._window(tx, rooms, list(reversed(rows)))
+            events, items = self._window(tx, rooms, None, limit)
             gaps = self.gaps_between(tx, room, events[0].ord, events[-1].ord) if events else []
             receipts, fully_read = self.receipts(tx, rooms[1])
             newest = tx.one(
@@ -527,12 +570,7 @@ class CacheStore:
             if rooms is None:
                 return Window([], [], items=[])
             room = rooms[0]
-            rows = tx.all(
-                "SELECT ord, pos, event, body FROM history_event WHERE room = ? AND shown = 1"
-                " AND (ord, pos) < (?, ?) ORDER BY ord DESC, pos DESC LIMIT ?",
-                (room.rid, before[0], before[1], limit),
-            )
-            events, items = self._window(tx, rooms, list(reversed(rows)))
+            events, items = self._window(tx, rooms, before, limit)
             gaps = self.gaps_between(tx, room, events[0].ord, before[0]) if events else []
             return Window(events, gaps, items=items)
 

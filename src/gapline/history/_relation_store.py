@@ -69,18 +69,28 @@ class RelationTables:
             out[by_key[key]] = decode_aggregate(decrypt(bytes(value), room.key + b"agg" + key))
         return out
 
+    def seal(self, room: Room, event_key: bytes, aggregate: Aggregate) -> bytes:
+        return self._store.cipher.encrypt(
+            encode_aggregate(aggregate), room.key + b"agg" + event_key
+        )
+
     def _put_aggregate(self, tx: Tx, room: Room, target: str, aggregate: Aggregate) -> None:
+        """The aggregate of ``target``, and its copy on the retained event's row (if any)."""
         key = self._store.event_key(target)
         if aggregate == Aggregate():
             tx.execute(
                 "DELETE FROM history_aggregate WHERE room = ? AND target = ?", (room.rid, key)
             )
-            return
-        sealed = self._store.cipher.encrypt(encode_aggregate(aggregate), room.key + b"agg" + key)
+            sealed = None
+        else:
+            sealed = self.seal(room, key, aggregate)
+            tx.execute(
+                "INSERT INTO history_aggregate (room, target, value) VALUES (?, ?, ?)"
+                " ON CONFLICT (room, target) DO UPDATE SET value = excluded.value",
+                (room.rid, key, sealed),
+            )
         tx.execute(
-            "INSERT INTO history_aggregate (room, target, value) VALUES (?, ?, ?)"
-            " ON CONFLICT (room, target) DO UPDATE SET value = excluded.value",
-            (room.rid, key, sealed),
+            "UPDATE history_event SET agg = ? WHERE room = ? AND event = ?", (sealed, room.rid, key)
         )
 
     # -- the relation index ---------------------------------------------------------------

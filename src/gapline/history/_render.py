@@ -132,6 +132,8 @@ def text_of(event: ClientEvent, content: dict[str, Any]) -> str | None:
     body = content.get("body")
     if not isinstance(body, str):
         return None
+    if "m.relates_to" not in event.content or not body.startswith("> "):
+        return body
     return strip_reply_fallback(body) if reply_target(event) is not None else body
 
 
@@ -179,7 +181,25 @@ def render(
     me: str | None = None,
 ) -> EventItem:
     """The row of ``event`` as the cache holds it now (receipts are the timeline's)."""
-    aggregate = aggregate or Aggregate()
+    if aggregate is None:
+        # Most rows: nothing relates to them. The same rules, without the aggregate.
+        redacted = is_redacted(event)
+        body = None
+        if not redacted:
+            body = (
+                state_words(event) if event.state_key is not None else text_of(event, event.content)
+            )
+        return EventItem(
+            id=event.event_id,
+            event_id=event.event_id,
+            sender=event.sender,
+            origin_server_ts=event.origin_server_ts,
+            event_type=event.type,
+            body=body,
+            redacted=redacted,
+            sender_name=sender_name,
+            in_reply_to=None if redacted else reply,
+        )
     redacted = is_redacted(event) or aggregate.redacted_by is not None
     edited = False
     body: str | None = None

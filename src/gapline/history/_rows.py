@@ -44,9 +44,13 @@ class RowReader:
     def aggregates(self, event_ids: Sequence[str]) -> dict[str, Aggregate]:
         return self.store.relations.aggregates(self.tx, self.agg_room, event_ids)
 
-    def items(self, stored: Sequence[StoredEvent]) -> list[EventItem]:
-        """The rows of ``stored`` (oldest first), quotes resolved."""
-        aggregates = self.aggregates([s.event_id for s in stored])
+    def items(
+        self, stored: Sequence[StoredEvent], aggregates: Mapping[str, Aggregate] | None = None
+    ) -> list[EventItem]:
+        """The rows of ``stored`` (oldest first), quotes resolved; ``aggregates`` when the
+        caller read them already (``None``: read them here)."""
+        if aggregates is None:
+            aggregates = self.aggregates([s.event_id for s in stored])
         me = self.store.me
         items = [
             render(s.event, aggregates.get(s.event_id), sender_name=s.sender_name, me=me)
@@ -61,7 +65,9 @@ class RowReader:
         known: Mapping[str, EventItem] | None = None,
     ) -> list[EventItem]:
         """``items`` with each reply's quote filled in (``known``: rows already rendered)."""
-        targets = {t for e in events if (t := reply_target(e)) is not None}
+        targets = {
+            t for e in events if "m.relates_to" in e.content and (t := reply_target(e)) is not None
+        }
         if not targets:
             return list(items)
         rendered = {i.event_id: i for i in items}

@@ -119,6 +119,8 @@ class EventsAdded:
     events: tuple[ClientEvent, ...]
     items: tuple[EventItem, ...] | None = None
     shown: tuple[bool, ...] | None = None
+    aggregates: tuple[Aggregate | None, ...] | None = None
+    """What relations made of each event when it arrived (stored with the room's rows)."""
 
 
 @dataclass(frozen=True, slots=True)
