@@ -50,6 +50,8 @@ from gapline.history._aggregates import (
 from gapline.history._cache_store import thread_key
 from gapline.history._items import EventItem
 from gapline.history._relations import (
+    REACTION,
+    REDACTION,
     Relation,
     RelKind,
     is_redacted,
@@ -110,6 +112,9 @@ class _Batch:
     events: dict[str, ClientEvent] = field(default_factory=dict)
     index: list[tuple[str, str, str]] = field(default_factory=list)
     loaded: set[str] = field(default_factory=set)  # looked up, whether found or not
+    retained: dict[str, StoredEvent | None] = field(default_factory=dict)  # looked up
+    detached: dict[str, ClientEvent | None] = field(default_factory=dict)  # looked up
+    indexed: dict[str, tuple[str, str] | None] = field(default_factory=dict)  # looked up
 
     def get(self, event_id: str) -> Aggregate:
         return self.aggregates.get(event_id, EMPTY)
@@ -139,10 +144,16 @@ class Admission:
         rels = [relation_of(e) for e in events]
         ids = [e.event_id for e in events]
         targets = [r.target for r in rels if r is not None]
-        batch = _Batch(store.relations.aggregates(tx, agg_room, ids + targets))
+        batch = _Batch(store.relations.aggregates(tx, agg_room, ids + targets, s.known_keys))
+        if not targets and not batch.aggregates:
+            quick = self._plain(update, events)
+            if quick is not None:
+                return quick, []
         batch.loaded.update(ids + targets)
         batch.events = {e.event_id: e for e in events}
         batch.relations = dict(zip(ids, rels, strict=True))
+        outside = [t for t in targets if t not in batch.events]
+        self._retained(batch, outside)  # originals and targets, in one query
         relation_ids = [e.event_id for e, r in zip(events, rels, strict=True) if r is not None]
         seen = set(store.relations.indexed(tx, agg_room, relation_ids)) if relation_ids else set()
         redacted_now: set[str] = set()
@@ -190,12 +201,52 @@ class Admission:
         placed = EventsAdded(update.ord, update.pos, tuple(events), tuple(items), shown, held)
         return placed, effects
 
+    def _plain(self, update: EventsAdded, events: list[ClientEvent]) -> EventsAdded | None:
+        """A batch nothing relates to, and that relates to nothing (most of them): its rows
+        are the events themselves. ``None`` when a server bundled aggregations in it."""
+        if any("m.relations" in e.unsigned for e in events):
+            return None
+        s = self.s
+        names = s.names
+        items = [render(e, None, sender_name=names.get(e.event_id)) for e in events]
+        if any("m.relates_to" in e.content for e in events):
+            items = self._reader().with_quotes(events, items)
+        if s.thread_root is None:
+            shown = tuple(e.type not in (REDACTION, REACTION) for e in events)
+        else:
+            shown = (True,) * len(events)
+        return EventsAdded(update.ord, update.pos, tuple(events), tuple(items), shown)
+
     # -- one relation event ---------------------------------------------------------------
+
+    # Lookups of events outside the batch, one query for many ids, remembered.
+
+    def _retained(self, batch: _Batch, ids: list[str]) -> None:
+        missing = [i for i in dict.fromkeys(ids) if i not in batch.retained]
+        if missing:
+            found = self.s.store.retained(self.s.tx, self.s.agg_room, missing)
+            for event_id in missing:
+                batch.retained[event_id] = found.get(event_id)
+
+    def _detached(self, batch: _Batch, ids: list[str]) -> None:
+        missing = [i for i in dict.fromkeys(ids) if i not in batch.detached]
+        if missing:
+            found = self.s.store.relations.detached(self.s.tx, self.s.agg_room, missing)
+            for event_id in missing:
+                batch.detached[event_id] = found.get(event_id)
+
+    def _indexed(self, batch: _Batch, ids: list[str]) -> None:
+        missing = [i for i in dict.fromkeys(ids) if i not in batch.indexed]
+        if missing:
+            found = self.s.store.relations.indexed(self.s.tx, self.s.agg_room, missing)
+            for event_id in missing:
+                batch.indexed[event_id] = found.get(event_id)
 
     def _original(self, batch: _Batch, event_id: str) -> ClientEvent | None:
         if event_id in batch.events:
             return batch.events[event_id]
-        found = self.s.store.retained(self.s.tx, self.s.agg_room, [event_id]).get(event_id)
+        self._retained(batch, [event_id])
+        found = batch.retained[event_id]
         if found is not None:
             batch.events[event_id] = found.event
             return found.event
@@ -256,8 +307,8 @@ class Admission:
         if rel is None and target not in batch.relations:
             # Seen before (retained, or taken from a server's bundle): the index says what
             # it related to.
-            indexed = self.s.store.relations.indexed(self.s.tx, self.s.agg_room, [target])
-            related, kind = indexed.get(target, (None, None))
+            self._indexed(batch, [target])
+            related, kind = batch.indexed[target] or (None, None)
         if related is not None and kind in (RelKind.REPLACE.value, RelKind.ANNOTATION.value):
             self._load(batch, related)
             batch.put(related, without_relation(batch.get(related), target))
@@ -342,6 +393,10 @@ class Admission:
 
         touched: set[str] = set(batch.changed)
         pending = sorted(batch.changed)
+        elsewhere = [i for i in pending if i not in rows]
+        self._retained(batch, elsewhere)
+        self._detached(batch, [i for i in elsewhere if batch.retained[i] is None])
+        self._indexed(batch, [i for i in pending if i not in batch.relations])
         while pending:
             event_id = pending.pop()
             item = row_of(event_id)
@@ -382,20 +437,21 @@ class Admission:
         if event_id in batch.relations:
             rel = batch.relations[event_id]
             return rel.target if rel is not None and rel.kind is RelKind.THREAD else None
-        s = self.s
-        found = s.store.relations.indexed(s.tx, s.agg_room, [event_id]).get(event_id)
+        self._indexed(batch, [event_id])
+        found = batch.indexed[event_id]
         return found[0] if found is not None and found[1] == RelKind.THREAD.value else None
 
     def _outside(
         self, batch: _Batch, event_id: str
     ) -> tuple[StoredEvent | None, ClientEvent, EventItem] | None:
         """A retained (or detached) event outside the batch, as it shows now."""
-        s = self.s
-        store, tx = s.store, s.tx
+        store = self.s.store
         aggregate = batch.get(event_id)
-        found = store.retained(tx, s.agg_room, [event_id]).get(event_id)
+        self._retained(batch, [event_id])
+        found = batch.retained[event_id]
         if found is None:
-            detached = store.relations.detached(tx, s.agg_room, [event_id]).get(event_id)
+            self._detached(batch, [event_id])
+            detached = batch.detached[event_id]
             if detached is None:
                 return None
             event = detached

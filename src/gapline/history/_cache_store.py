@@ -145,7 +145,8 @@ class CacheStore:
         self.cipher = cipher
         self._encode = msgspec.json.Encoder().encode
         self._event_subkey = cipher.lookup_key("gapline/history/event-id-subkey/v1")
-        # A body is [event, meta] since migration 2; before, the bare event.
+        # A body is [event, meta] when the cache knows more than the event (its
+        # sender's name then), else the bare event (as before migration 2).
         self._decode = msgspec.json.Decoder(ClientEvent | tuple[ClientEvent, RowMeta]).decode
         self.me: str | None = None
         """The account's user id, when known (a thread's "participated" needs it)."""
@@ -189,7 +190,8 @@ class CacheStore:
         return decoded, None
 
     def seal_body(self, aad: bytes, event: ClientEvent, sender_name: str | None) -> bytes:
-        return self.cipher.encrypt(self._encode((event, RowMeta(sender_name))), aad)
+        body = event if sender_name is None else (event, RowMeta(sender_name))
+        return self.cipher.encrypt(self._encode(body), aad)
 
     def _open_event(self, room: Room, event: bytes, body: bytes) -> ClientEvent:
         return self.open_body(room.key + bytes(event), body)[0]
@@ -375,14 +377,21 @@ class CacheStore:
                     if event_key is None
                     else [event_key(e.event_id) for e in events]
                 )
-                metas = (
-                    [RowMeta(i.sender_name) for i in items] if items else [RowMeta()] * len(events)
+                # An event with a sender's name is stored as [event, meta], one without
+                # as the bare event (the body's first form, which still decodes).
+                bodies = (
+                    [
+                        event if i.sender_name is None else (event, RowMeta(i.sender_name))
+                        for event, i in zip(events, items, strict=True)
+                    ]
+                    if items
+                    else events
                 )
                 flags = [int(f) for f in shown] if shown else [1] * len(events)
                 rows = [
-                    (rid, ord_, p, ek, encrypt(encode((event, meta)), rkey + ek), flag)
-                    for p, event, ek, meta, flag in zip(
-                        range(pos, pos + len(events)), events, keys, metas, flags, strict=True
+                    (rid, ord_, p, ek, encrypt(encode(body), rkey + ek), flag)
+                    for p, body, ek, flag in zip(
+                        range(pos, pos + len(events)), bodies, keys, flags, strict=True
                     )
                 ]
                 tx.executemany(

@@ -11,7 +11,7 @@ here only read, or apply the updates ``Sections`` emitted
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gapline.history._aggregates import Aggregate, decode_aggregate, encode_aggregate
@@ -43,8 +43,15 @@ class RelationTables:
     def __init__(self, store: CacheStore) -> None:
         self._store = store
 
-    def _hashes(self, ids: Iterable[str]) -> dict[bytes, str]:
+    def _hashes(
+        self, ids: Iterable[str], known: Mapping[str, bytes] | None = None
+    ) -> dict[bytes, str]:
         unique = list(dict.fromkeys(ids))
+        if known:
+            missing = [i for i in unique if i not in known]
+            out = {known[i]: i for i in unique if i in known}
+            out.update(zip(self._store.event_keys(missing), missing, strict=True))
+            return out
         return dict(zip(self._store.event_keys(unique), unique, strict=True))
 
     def _in(self, tx: Tx, sql: str, room: Room, keys: Sequence[bytes]) -> Iterable[tuple[Any, ...]]:
@@ -54,9 +61,16 @@ class RelationTables:
 
     # -- aggregates -----------------------------------------------------------------------
 
-    def aggregates(self, tx: Tx, room: Room, event_ids: Iterable[str]) -> dict[str, Aggregate]:
-        """The aggregates held for ``event_ids`` (those with none are left out)."""
-        by_key = self._hashes(event_ids)
+    def aggregates(
+        self,
+        tx: Tx,
+        room: Room,
+        event_ids: Iterable[str],
+        known: Mapping[str, bytes] | None = None,
+    ) -> dict[str, Aggregate]:
+        """The aggregates held for ``event_ids`` (those with none are left out); ``known``
+        may hold hashes the caller computed already."""
+        by_key = self._hashes(event_ids, known)
         out: dict[str, Aggregate] = {}
         decrypt = self._store.cipher.decrypt
         for target, value in self._in(

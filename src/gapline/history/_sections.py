@@ -129,6 +129,11 @@ class Sections:
         self._members: MemberView | None = None
 
     @property
+    def known_keys(self) -> dict[str, bytes]:
+        """Event hashes computed in this transaction already."""
+        return self._keys
+
+    @property
     def members(self) -> MemberView:
         if self._members is None:
             self._members = MemberView(self.store, self.tx, self.agg_room)
