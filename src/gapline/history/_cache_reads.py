@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gapline.history._aggregates import Aggregate, decode_aggregate
+from gapline.history._aggregates import Aggregate
 from gapline.history._items import EventItem
 from gapline.history._rows import RowReader
 from gapline.history._updates import GapRecord, Key, MemberRecord, Room, StoredEvent
@@ -103,9 +103,9 @@ class CacheReads:
         args.append(limit)
         rows = list(reversed(tx.all(sql, tuple(args))))
         events = self._rows(room, [r[:4] for r in rows])
-        decrypt, prefix = self.cipher.decrypt, agg.key + b"agg"
+        open_aggregate = self.relations.open
         aggregates = {
-            stored.event_id: decode_aggregate(decrypt(bytes(r[4]), prefix + bytes(r[2])))
+            stored.event_id: open_aggregate(agg, bytes(r[2]), r[4])
             for stored, r in zip(events, rows, strict=True)
             if r[4] is not None
         }

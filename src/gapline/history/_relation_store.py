@@ -72,7 +72,6 @@ class RelationTables:
         may hold hashes the caller computed already."""
         by_key = self._hashes(event_ids, known)
         out: dict[str, Aggregate] = {}
-        decrypt = self._store.cipher.decrypt
         for target, value in self._in(
             tx,
             "SELECT target, value FROM history_aggregate WHERE room = ? AND target IN ({marks})",
@@ -80,8 +79,13 @@ class RelationTables:
             list(by_key),
         ):
             key = bytes(target)
-            out[by_key[key]] = decode_aggregate(decrypt(bytes(value), room.key + b"agg" + key))
+            out[by_key[key]] = self.open(room, key, value)
         return out
+
+    def open(self, room: Room, event_key: bytes, sealed: Any) -> Aggregate:
+        """A sealed aggregate (of ``history_aggregate`` or a row's copy)."""
+        plain = self._store.cipher.decrypt(bytes(sealed), room.key + b"agg" + event_key)
+        return decode_aggregate(plain)
 
     def seal(self, room: Room, event_key: bytes, aggregate: Aggregate) -> bytes:
         return self._store.cipher.encrypt(

@@ -181,40 +181,24 @@ def render(
     me: str | None = None,
 ) -> EventItem:
     """The row of ``event`` as the cache holds it now (receipts are the timeline's)."""
-    if aggregate is None:
-        # Most rows: nothing relates to them. The same rules, without the aggregate.
-        redacted = is_redacted(event)
-        body = None
-        if not redacted:
-            body = (
-                state_words(event) if event.state_key is not None else text_of(event, event.content)
-            )
-        return EventItem(
-            id=event.event_id,
-            event_id=event.event_id,
-            sender=event.sender,
-            origin_server_ts=event.origin_server_ts,
-            event_type=event.type,
-            body=body,
-            redacted=redacted,
-            sender_name=sender_name,
-            in_reply_to=None if redacted else reply,
-        )
-    redacted = is_redacted(event) or aggregate.redacted_by is not None
+    redacted = is_redacted(event) or (aggregate is not None and aggregate.redacted_by is not None)
     edited = False
     body: str | None = None
-    if not redacted:
-        if event.state_key is not None:
-            body = state_words(event)
+    if redacted:
+        pass
+    elif event.state_key is not None:
+        body = state_words(event)
+    elif aggregate is None:
+        body = text_of(event, event.content)  # most rows: nothing relates to them
+    else:
+        visible = visible_revision(aggregate, event.sender, event.type)
+        if visible.lost:
+            edited, redacted = True, True
+        elif visible.revision is not None:
+            edited = True
+            body = text_of(event, visible.revision.content)
         else:
-            visible = visible_revision(aggregate, event.sender, event.type)
-            if visible.lost:
-                edited, redacted = True, True
-            elif visible.revision is not None:
-                edited = True
-                body = text_of(event, visible.revision.content)
-            else:
-                body = text_of(event, event.content)
+            body = text_of(event, event.content)
     return EventItem(
         id=event.event_id,
         event_id=event.event_id,
@@ -226,8 +210,8 @@ def render(
         redacted=redacted,
         sender_name=sender_name,
         in_reply_to=None if redacted else reply,
-        reactions=() if redacted else _reactions(aggregate),
-        thread_summary=_thread(aggregate, event.sender, me),
+        reactions=() if redacted or aggregate is None else _reactions(aggregate),
+        thread_summary=None if aggregate is None else _thread(aggregate, event.sender, me),
     )
 
 
