@@ -454,7 +454,12 @@ class GaplineApp(RowActions, App[int]):
         if self.mirror.state.recent(summary.room_id).kind is RecentHistoryKind.Loading:
             prompt.append(" ⟳", style="italic")
         if summary.unread and summary.room_id != self.room_id:
-            prompt.append(f" ({summary.unread})", style="bold")
+            # A mention of this account makes the count stand out (and says so).
+            mention = summary.highlights > 0
+            count = (
+                f" ({summary.unread} @{summary.highlights})" if mention else f" ({summary.unread})"
+            )
+            prompt.append(count, style="bold reverse" if mention else "bold")
         return prompt
 
     # -- events --------------------------------------------------------------------------
