@@ -24,6 +24,7 @@ from gapline.history import (
     TimelineChanged,
     TypingChanged,
 )
+from gapline.history.rooms import RoomSummary
 from gapline.tui._rows import EventRow, MarkerRow
 from gapline.tui._text import sender_colour
 from tests.tui.fake_engine import ROOM, message
@@ -177,16 +178,9 @@ async def test_end_after_the_window_left_the_live_end_asks_for_it_back() -> None
 
 
 async def test_the_room_list_says_when_unread_messages_mention_you() -> None:
-    from gapline.history.rooms import RoomSummary
-
     app, _ = make_app(rich_room())
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: len(app.timeline.rows) == 10, "the rows")
-        app.directory.put(RoomSummary("!other:example.org", name="other", unread=3, highlights=1))
-        await until(
-            pilot,
-            lambda: (
-                "other (3 @1)" in str(app._room_prompt(app.directory.get("!other:example.org")))
-            ),  # type: ignore[arg-type]
-            "the mention count",
-        )
+        other = RoomSummary("!other:example.org", name="other", unread=3, highlights=1)
+        app.directory.put(other)
+        await until(pilot, lambda: "other (3 @1)" in str(app._room_prompt(other)), "the count")
