@@ -130,6 +130,9 @@ class Admission:
 
     def __init__(self, sections: Sections) -> None:
         self.s = sections
+        self.placing = True
+        """The batch is placed by this admission (its rows get their aggregates with them);
+        false when events already retained pass the rules again (an upgrade)."""
         self.thread_replies: dict[str, list[ClientEvent]] = {}
         """Thread replies newly admitted to the room's timeline, by root (for thread views)."""
 
@@ -414,9 +417,15 @@ class Admission:
                 pending.append(root)
         final = [rows[e.event_id] for e in events]
         final = reader.with_quotes(events, final)
-        out: list[Update] = [
-            AggregateChanged(t, batch.aggregates[t]) for t in sorted(batch.changed)
-        ]
+        placed_rows = (
+            {e.event_id for e in events} if s.thread_root is None and self.placing else set()
+        )
+        out: list[Update] = []
+        if batch.changed:
+            entries = tuple(
+                (t, batch.aggregates[t], t not in placed_rows) for t in sorted(batch.changed)
+            )
+            out.append(AggregateChanged(entries))
         for event_id, (found, event, item) in sorted(outside.items()):
             if found is None:
                 if event_id in redacted_now:

@@ -92,24 +92,32 @@ class RelationTables:
             encode_aggregate(aggregate), room.key + b"agg" + event_key
         )
 
-    def _put_aggregate(self, tx: Tx, room: Room, target: str, aggregate: Aggregate) -> None:
-        """The aggregate of ``target``, and its copy on the retained event's row (if any)."""
-        key = self._store.event_key(target)
-        if aggregate == Aggregate():
-            tx.execute(
-                "DELETE FROM history_aggregate WHERE room = ? AND target = ?", (room.rid, key)
-            )
-            sealed = None
-        else:
-            sealed = self.seal(room, key, aggregate)
-            tx.execute(
+    def _put_aggregates(
+        self, tx: Tx, room: Room, entries: Sequence[tuple[str, Aggregate, bool]]
+    ) -> None:
+        """Aggregates, and their copies on the retained events' rows where asked."""
+        keys = self._store.event_keys([t for t, _, _ in entries])
+        empty = Aggregate()
+        gone = [(room.rid, k) for k, (_, a, _) in zip(keys, entries, strict=True) if a == empty]
+        kept = [
+            (k, self.seal(room, k, a), on_row)
+            for k, (_, a, on_row) in zip(keys, entries, strict=True)
+            if a != empty
+        ]
+        if gone:
+            tx.executemany("DELETE FROM history_aggregate WHERE room = ? AND target = ?", gone)
+            tx.executemany("UPDATE history_event SET agg = NULL WHERE room = ? AND event = ?", gone)
+        if kept:
+            tx.executemany(
                 "INSERT INTO history_aggregate (room, target, value) VALUES (?, ?, ?)"
                 " ON CONFLICT (room, target) DO UPDATE SET value = excluded.value",
-                (room.rid, key, sealed),
+                [(room.rid, k, sealed) for k, sealed, _ in kept],
             )
-        tx.execute(
-            "UPDATE history_event SET agg = ? WHERE room = ? AND event = ?", (sealed, room.rid, key)
-        )
+            copies = [(sealed, room.rid, k) for k, sealed, on_row in kept if on_row]
+            if copies:
+                tx.executemany(
+                    "UPDATE history_event SET agg = ? WHERE room = ? AND event = ?", copies
+                )
 
     # -- the relation index ---------------------------------------------------------------
 
@@ -219,8 +227,8 @@ class RelationTables:
 
     def write(self, tx: Tx, room: Room, update: Update) -> None:
         match update:
-            case AggregateChanged(target=target, aggregate=aggregate):
-                self._put_aggregate(tx, room, target, aggregate)
+            case AggregateChanged(entries=entries):
+                self._put_aggregates(tx, room, entries)
             case RelationIndexed(entries=entries):
                 keys = self._store.event_keys
                 events = keys([e for e, _, _ in entries])

@@ -353,7 +353,9 @@ class Sections:
         the rules now, as if they had just arrived; those that are no rows are hidden."""
         if not stored:
             return
+        self.admission.placing = False
         placed, effects = self.admission.admit(EventsAdded(0, 0, tuple(s.event for s in stored)))
+        self.admission.placing = True
         assert placed.shown is not None
         hidden = tuple(s.key for s, shown in zip(stored, placed.shown, strict=True) if not shown)
         if hidden:

@@ -161,10 +161,11 @@ class RowChanged:
 
 @dataclass(frozen=True, slots=True)
 class AggregateChanged:
-    """What the cache holds about ``target`` from its relations (stored; not a row)."""
+    """What the cache holds about events from their relations (stored; not rows), as
+    ``(target, aggregate, on_row)``: ``on_row`` says the retained event's row still needs
+    the copy (an event placed in the same batch got it with its row)."""
 
-    target: str
-    aggregate: Aggregate
+    entries: tuple[tuple[str, Aggregate, bool], ...]
 
 
 @dataclass(frozen=True, slots=True)
