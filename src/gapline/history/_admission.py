@@ -158,7 +158,11 @@ class Admission:
         outside = [t for t in targets if t not in batch.events]
         self._retained(batch, outside)  # originals and targets, in one query
         relation_ids = [e.event_id for e, r in zip(events, rels, strict=True) if r is not None]
-        seen = set(store.relations.indexed(tx, agg_room, relation_ids)) if relation_ids else set()
+        seen = (
+            set(store.relations.indexed(tx, agg_room, relation_ids, s.known_keys))
+            if relation_ids
+            else set()
+        )
         redacted_now: set[str] = set()
         for i, event in enumerate(events):
             tombstone = batch.get(event.event_id).redacted_by
@@ -227,21 +231,25 @@ class Admission:
     def _retained(self, batch: _Batch, ids: list[str]) -> None:
         missing = [i for i in dict.fromkeys(ids) if i not in batch.retained]
         if missing:
-            found = self.s.store.retained(self.s.tx, self.s.agg_room, missing)
+            found = self.s.store.retained(self.s.tx, self.s.agg_room, missing, self.s.known_keys)
             for event_id in missing:
                 batch.retained[event_id] = found.get(event_id)
 
     def _detached(self, batch: _Batch, ids: list[str]) -> None:
         missing = [i for i in dict.fromkeys(ids) if i not in batch.detached]
         if missing:
-            found = self.s.store.relations.detached(self.s.tx, self.s.agg_room, missing)
+            found = self.s.store.relations.detached(
+                self.s.tx, self.s.agg_room, missing, self.s.known_keys
+            )
             for event_id in missing:
                 batch.detached[event_id] = found.get(event_id)
 
     def _indexed(self, batch: _Batch, ids: list[str]) -> None:
         missing = [i for i in dict.fromkeys(ids) if i not in batch.indexed]
         if missing:
-            found = self.s.store.relations.indexed(self.s.tx, self.s.agg_room, missing)
+            found = self.s.store.relations.indexed(
+                self.s.tx, self.s.agg_room, missing, self.s.known_keys
+            )
             for event_id in missing:
                 batch.indexed[event_id] = found.get(event_id)
 
@@ -259,7 +267,9 @@ class Admission:
         """Make sure ``event_id``'s held aggregate is in the batch before changing it."""
         if event_id not in batch.aggregates and event_id not in batch.loaded:
             s = self.s
-            batch.aggregates.update(s.store.relations.aggregates(s.tx, s.agg_room, [event_id]))
+            batch.aggregates.update(
+                s.store.relations.aggregates(s.tx, s.agg_room, [event_id], s.known_keys)
+            )
             batch.loaded.add(event_id)
 
     def _relate(self, batch: _Batch, event: ClientEvent, rel: Relation) -> None:

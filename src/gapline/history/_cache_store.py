@@ -219,12 +219,23 @@ class CacheStore(CacheReads):
         )
         return None if row is None else self._open_event(room, row[0], row[1])
 
-    def retained(self, tx: Tx, room: Room, event_ids: Sequence[str]) -> dict[str, StoredEvent]:
-        """The retained events among ``event_ids`` (shown or not), by id."""
+    def retained(
+        self,
+        tx: Tx,
+        room: Room,
+        event_ids: Sequence[str],
+        known: dict[str, bytes] | None = None,
+    ) -> dict[str, StoredEvent]:
+        """The retained events among ``event_ids`` (shown or not), by id (``known``: a
+        cache of hashes, read and filled)."""
         found: dict[str, StoredEvent] = {}
         unique = list(dict.fromkeys(event_ids))
+        if known is not None:
+            missing = [i for i in unique if i not in known]
+            known.update(zip(missing, self.event_keys(missing), strict=True))
         for start in range(0, len(unique), _CHUNK):
-            chunk = self.event_keys(unique[start : start + _CHUNK])
+            ids = unique[start : start + _CHUNK]
+            chunk = [known[i] for i in ids] if known is not None else self.event_keys(ids)
             marks = ",".join("?" * len(chunk))
             for o, p, ek, body in tx.all(
                 f"SELECT ord, pos, event, body FROM history_event WHERE room = ?"
@@ -414,7 +425,7 @@ class CacheStore(CacheReads):
                     (self.seal_body(at.key + ek, event, name), at.rid, key[0], key[1]),
                 )
             case AggregateChanged() | RelationIndexed() | MembersUpdated() | DetachedStored():
-                self.relations.write(tx, room, update)
+                self.relations.write(tx, room, update, event_key)
             case RowsHidden(keys=keys):
                 tx.executemany(
                     "UPDATE history_event SET shown = 0 WHERE room = ? AND ord = ? AND pos = ?",

@@ -11,7 +11,7 @@ here only read, or apply the updates ``Sections`` emitted
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gapline.history._aggregates import Aggregate, decode_aggregate, encode_aggregate
@@ -44,15 +44,17 @@ class RelationTables:
         self._store = store
 
     def _hashes(
-        self, ids: Iterable[str], known: Mapping[str, bytes] | None = None
+        self, ids: Iterable[str], known: dict[str, bytes] | None = None
     ) -> dict[bytes, str]:
+        """Hashes of ``ids`` by hash; ``known`` is a cache of hashes (the transaction's),
+        read and filled here: keyed hashing is most of what a relation lookup costs."""
         unique = list(dict.fromkeys(ids))
-        if known:
-            missing = [i for i in unique if i not in known]
-            out = {known[i]: i for i in unique if i in known}
-            out.update(zip(self._store.event_keys(missing), missing, strict=True))
-            return out
-        return dict(zip(self._store.event_keys(unique), unique, strict=True))
+        if known is None:
+            return dict(zip(self._store.event_keys(unique), unique, strict=True))
+        missing = [i for i in unique if i not in known]
+        if missing:
+            known.update(zip(missing, self._store.event_keys(missing), strict=True))
+        return {known[i]: i for i in unique}
 
     def _in(self, tx: Tx, sql: str, room: Room, keys: Sequence[bytes]) -> Iterable[tuple[Any, ...]]:
         for start in range(0, len(keys), _CHUNK):
@@ -66,7 +68,7 @@ class RelationTables:
         tx: Tx,
         room: Room,
         event_ids: Iterable[str],
-        known: Mapping[str, bytes] | None = None,
+        known: dict[str, bytes] | None = None,
     ) -> dict[str, Aggregate]:
         """The aggregates held for ``event_ids`` (those with none are left out); ``known``
         may hold hashes the caller computed already."""
@@ -93,10 +95,14 @@ class RelationTables:
         )
 
     def _put_aggregates(
-        self, tx: Tx, room: Room, entries: Sequence[tuple[str, Aggregate, bool]]
+        self,
+        tx: Tx,
+        room: Room,
+        entries: Sequence[tuple[str, Aggregate, bool]],
+        event_key: Callable[[str], bytes],
     ) -> None:
         """Aggregates, and their copies on the retained events' rows where asked."""
-        keys = self._store.event_keys([t for t, _, _ in entries])
+        keys = [event_key(t) for t, _, _ in entries]
         empty = Aggregate()
         gone = [(room.rid, k) for k, (_, a, _) in zip(keys, entries, strict=True) if a == empty]
         kept = [
@@ -121,10 +127,16 @@ class RelationTables:
 
     # -- the relation index ---------------------------------------------------------------
 
-    def indexed(self, tx: Tx, room: Room, event_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
+    def indexed(
+        self,
+        tx: Tx,
+        room: Room,
+        event_ids: Iterable[str],
+        known: dict[str, bytes] | None = None,
+    ) -> dict[str, tuple[str, str]]:
         """Relation events among ``event_ids`` already seen: the event each relates to,
         and how."""
-        by_key = self._hashes(event_ids)
+        by_key = self._hashes(event_ids, known)
         decrypt = self._store.cipher.decrypt
         return {
             by_key[bytes(event)]: (
@@ -206,10 +218,14 @@ class RelationTables:
     # -- detached events ------------------------------------------------------------------
 
     def detached(
-        self, tx: Tx, room: Room, event_ids: Iterable[str]
+        self,
+        tx: Tx,
+        room: Room,
+        event_ids: Iterable[str],
+        known: dict[str, bytes] | None = None,
     ) -> dict[str, ClientEvent | None]:
         """Events fetched on their own, by id; ``None``: the server would not return it."""
-        by_key = self._hashes(event_ids)
+        by_key = self._hashes(event_ids, known)
         out: dict[str, ClientEvent | None] = {}
         for event, body in self._in(
             tx,
@@ -225,14 +241,21 @@ class RelationTables:
 
     # -- the writer -----------------------------------------------------------------------
 
-    def write(self, tx: Tx, room: Room, update: Update) -> None:
+    def write(
+        self,
+        tx: Tx,
+        room: Room,
+        update: Update,
+        event_key: Callable[[str], bytes] | None = None,
+    ) -> None:
+        """Apply one update; ``event_key`` may supply hashes the caller computed."""
+        event_key = event_key or self._store.event_key
         match update:
             case AggregateChanged(entries=entries):
-                self._put_aggregates(tx, room, entries)
+                self._put_aggregates(tx, room, entries, event_key)
             case RelationIndexed(entries=entries):
-                keys = self._store.event_keys
-                events = keys([e for e, _, _ in entries])
-                targets = keys([t for _, t, _ in entries])
+                events = [event_key(e) for e, _, _ in entries]
+                targets = [event_key(t) for _, t, _ in entries]
                 encrypt = self._store.cipher.encrypt
                 tx.executemany(
                     "INSERT INTO history_relation (room, event, target, target_id, kind)"
@@ -246,7 +269,7 @@ class RelationTables:
                 for record in members:
                     self._put_member(tx, room, record)
             case DetachedStored(event_id=event_id, event=event):
-                key = self._store.event_key(event_id)
+                key = event_key(event_id)
                 body = (
                     None
                     if event is None
