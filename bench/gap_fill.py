@@ -15,6 +15,12 @@ Prints one JSON object on stdout (progress on stderr):
   ``fake_overhead_beyond_commit_ms_per_page`` is the overhead minus that floor (median of
   per-run differences): what the engine adds besides the durable commit. Per-run values
   are in ``*_runs``; ``loadavg`` is ``/proc/loadavg`` at the end.
+- ``fake_overhead_relations_ms_per_page``: the same overhead for a gap of which 30% are
+  edits, reactions and thread replies of the messages around them, in the same run
+  (alternating with the plain fills); ``relations_overhead_ratio`` is it over the plain
+  fill's (target <= 1.3; ``relations_overhead_cpu_ratio`` the same in process CPU time),
+  and ``plain_overhead_over_bare_commit`` the plain fill's overhead over the bare durable
+  commit of its rows (target <= 2);
 - ``synapse_fill_ms`` / ``synapse_raw_ms`` / ``synapse_ratio``: the same fill against a
   real Synapse next to a raw ``/messages`` walk of the same four pages from the same
   cursor, in one run. Target ratio <= 1.3. ``null`` when Synapse is skipped
@@ -115,12 +121,42 @@ async def bare_commits(engine: Engine, room: str, events: list[StoredEvent]) -> 
     return statistics.mean(samples)
 
 
+def send_related(fake: FakeHomeserver, sender: str, room: str, count: int) -> None:
+    """``count`` events of which 30% relate to the messages before them (an edit at every
+    tenth event's offset 3, a reaction at 6, a thread reply at 9)."""
+    ids: list[str] = []
+    for i in range(count):
+        match i % 10:
+            case 3:
+                content = {
+                    "msgtype": "m.text",
+                    "body": "* edited",
+                    "m.new_content": {"msgtype": "m.text", "body": f"edited {i - 1}"},
+                    "m.relates_to": {"rel_type": "m.replace", "event_id": ids[i - 1]},
+                }
+                ids.append(fake.send_event(sender, room, "m.room.message", content))
+            case 6:
+                rel = {"rel_type": "m.annotation", "event_id": ids[i - 2], "key": "👍"}
+                ids.append(fake.send_event(sender, room, "m.reaction", {"m.relates_to": rel}))
+            case 9:
+                content = {
+                    "msgtype": "m.text",
+                    "body": f"reply {i}",
+                    "m.relates_to": {"rel_type": "m.thread", "event_id": ids[i - 5]},
+                }
+                ids.append(fake.send_event(sender, room, "m.room.message", content))
+            case _:
+                ids.append(fake.send_text(sender, room, f"new {i}"))
+
+
 async def one_fake_fill(
     store: Path,
     pages_out: list[float],
     totals: list[float],
     cpu_out: list[float],
     bare_out: list[float],
+    *,
+    related: bool = False,
 ) -> None:
     fake = FakeHomeserver()
     alice = fake.register("alice")
@@ -141,7 +177,10 @@ async def one_fake_fill(
         await engine.sync_once()
         await engine.execute(OpenRoom(room))
         await engine.execute(HistoryRepair(RetryRecent(room)))
-        fake.send_messages(alice.user_id, room, [f"new {i}" for i in range(GAP + 10)])
+        if related:
+            send_related(fake, alice.user_id, room, GAP + 10)
+        else:
+            fake.send_messages(alice.user_id, room, [f"new {i}" for i in range(GAP + 10)])
         await engine.sync_once()
         gap = await gap_in(engine, room)
         record = await engine.store.gap(room, gap.id)
@@ -231,10 +270,17 @@ async def main(quick: bool, with_synapse: bool) -> dict[str, Any]:
     totals: list[float] = []
     cpu: list[float] = []
     bare: list[float] = []
+    rel_overheads: list[float] = []
+    rel_cpu: list[float] = []
+    rel_unused: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(runs):
-            log(f"fake fill {k + 1}/{runs}")
+            log(f"fake fill {k + 1}/{runs} (plain, then with relations)")
             await one_fake_fill(Path(tmp) / f"fake{k}", overheads, totals, cpu, bare)
+            await one_fake_fill(
+                Path(tmp) / f"rel{k}", rel_overheads, rel_unused, rel_cpu, rel_unused,
+                related=True,
+            )  # fmt: skip
         figures: dict[str, Any] = {
             "quick": quick,
             "gap_events": GAP,
@@ -248,6 +294,18 @@ async def main(quick: bool, with_synapse: bool) -> dict[str, Any]:
                 statistics.median(o - b for o, b in zip(overheads, bare, strict=True)), 3
             ),
             "fake_overhead_ms_per_page_runs": [round(o, 3) for o in overheads],
+            "fake_overhead_relations_ms_per_page": round(statistics.median(rel_overheads), 3),
+            "fake_overhead_relations_ms_per_page_runs": [round(o, 3) for o in rel_overheads],
+            "relations_overhead_ratio": round(
+                statistics.median(rel_overheads) / statistics.median(overheads), 3
+            ),
+            "fake_overhead_relations_cpu_ms_per_page": round(statistics.median(rel_cpu), 3),
+            "relations_overhead_cpu_ratio": round(
+                statistics.median(rel_cpu) / statistics.median(cpu), 3
+            ),
+            "plain_overhead_over_bare_commit": round(
+                statistics.median(overheads) / statistics.median(bare), 3
+            ),
             "bare_commit_ms_per_page_runs": [round(b, 3) for b in bare],
             "loadavg": _loadavg(),
             "synapse_fill_ms": None,

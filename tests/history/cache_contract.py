@@ -299,3 +299,36 @@ class CacheStoreContract:
         assert updates == []
         _, updates = await write(store, lambda s: s.ingest_receipts({}, None))
         assert updates == []
+
+    async def test_relation_rules_hold_on_this_backend(self, open_store: OpenStore) -> None:
+        """Edits, reactions, thread replies and a redaction through the relation tables,
+        durable across a reopen (every statement of the rules runs on this backend)."""
+        store = await open_store()
+
+        def rel(n: int, kind: str, content: dict[str, Any]) -> ClientEvent:
+            return ClientEvent(
+                event_id=f"$r{n}", type=kind, sender="@a:example.org",
+                origin_server_ts=100 + n, content=content,
+            )  # fmt: skip
+
+        edit = {
+            "msgtype": "m.text", "body": "* new", "m.new_content": {"body": "new"},
+            "m.relates_to": {"rel_type": "m.replace", "event_id": "$e1"},
+        }  # fmt: skip
+        react = {"m.relates_to": {"rel_type": "m.annotation", "event_id": "$e1", "key": "k"}}
+        thread = {"body": "t", "m.relates_to": {"rel_type": "m.thread", "event_id": "$e2"}}
+        events = [
+            ev(1), ev(2), rel(1, "m.room.message", edit), rel(2, "m.reaction", react),
+            rel(3, "m.room.message", thread), rel(4, "m.room.redaction", {"redacts": "$e2"}),
+        ]  # fmt: skip
+        await write(store, lambda s: s.ingest_sync(events, limited=True, prev_batch="p"))
+        await store.backend.close()
+        store = await open_store()
+        window = await store.load_window(ROOM, 10)
+        assert window.items is not None
+        assert [e.event_id for e in window.events] == ["$e1", "$e2"]  # relations are no rows
+        first, second = window.items
+        assert (first.body, first.edited, [r.key for r in first.reactions]) == ("new", True, ["k"])
+        assert (second.redacted, second.body) == (True, None)
+        assert second.thread_summary is not None and second.thread_summary.count == 1
+        await store.backend.close()

@@ -27,6 +27,9 @@ def test_history_open_bench_quick():
         "ingest_events_per_s",
         "ingest_cpu_events_per_s",
         "generate_events_per_s",
+        "open_relations_ratio",
+        "rss_growth_mb",
+        "rows_held",
     ):
         assert key in figures, key
     assert figures["quick"] is True
@@ -40,6 +43,10 @@ def test_gap_fill_bench_quick():
         "fake_overhead_cpu_ms_per_page",
         "bare_commit_ms_per_page",
         "fake_overhead_beyond_commit_ms_per_page",
+        "fake_overhead_relations_ms_per_page",
+        "relations_overhead_ratio",
+        "relations_overhead_cpu_ratio",
+        "plain_overhead_over_bare_commit",
         "synapse_fill_ms",
         "synapse_raw_ms",
         "synapse_ratio",

@@ -20,6 +20,7 @@ from gapline.history import (
     Cancel,
     Command,
     Continuity,
+    EditMessage,
     EventItem,
     EventNotFound,
     EventSink,
@@ -32,21 +33,28 @@ from gapline.history import (
     HistoryRepairReport,
     Insert,
     Interrupted,
+    MarkRead,
     Ok,
     OpenRoom,
+    OpenThread,
     PaginateBackwards,
     PushBack,
     PushFront,
     RecentHistoryChanged,
     RecentHistoryState,
+    RedactEvent,
     Remove,
     RepairPhase,
     RepairStop,
+    Reset,
     RetryRecent,
     RoomBusy,
     RoomNotOpen,
     SendMessage,
+    SendReaction,
     Set,
+    SetTyping,
+    ShrinkTimeline,
     TimelineChanged,
     TimelineItem,
     TimelineReset,
@@ -100,7 +108,11 @@ class FakeEngine:
         plans: dict[str, FillPlan] | None = None,
         older: dict[str, list[EventItem]] | None = None,
         recent_settles: bool = True,
+        threads: dict[str, Sequence[TimelineItem]] | None = None,
+        me: str | None = "@alice:example.org",
     ) -> None:
+        self.me = me
+        self.threads = {root: list(items) for root, items in (threads or {}).items()}
         self.initial = {room: tuple(items) for room, items in rooms.items()}
         self.items: dict[str, list[TimelineItem]] = {}
         self.plans = plans or {}
@@ -185,15 +197,38 @@ class FakeEngine:
                 for item in reversed(batch):
                     await self._change(room, [PushFront(item)])
                 return Ok()
-            case SendMessage(room_id=room, body=body):
+            case SendMessage(room_id=room, body=body, thread_root=root):
                 if room not in self.items:
                     return RoomNotOpen()
                 n = 10_000 + len(self.commands)
-                await self._change(room, [PushBack(replace(message(n), body=body))])
+                row = replace(message(n, sender=self.me or "@alice:example.org"), body=body)
+                if root is not None:
+                    self.threads.setdefault(root, []).append(row)
+                    await self._publish(TimelineChanged(room, (PushBack(row),), root))
+                    return Ok()
+                await self._change(room, [PushBack(row)])
                 return Ok()
+            case OpenThread(room_id=room, thread_root=root):
+                if room not in self.items:
+                    return RoomNotOpen()
+                items = tuple(self.threads.setdefault(root, []))
+                await self._publish(TimelineReset(room, items, root))
+                return Ok()
+            case ShrinkTimeline(room_id=room, thread_root=None):
+                if room not in self.items:
+                    return RoomNotOpen()
+                self.items[room] = self.items[room][-100:]
+                await self._change(room, [Reset(tuple(self.items[room]))])
+                return Ok()
+            case MarkRead() | SetTyping() | SendReaction() | RedactEvent() | EditMessage():
+                return Ok()  # recorded in `commands`; the effect is not modelled
         return Failed(f"the fake engine does not do {command!r}")
 
     # -- internals -------------------------------------------------------------------------
+
+    async def publish(self, event) -> None:
+        """Publish an event as the engine would (typing, members, a diff from a sync)."""
+        await self._publish(event)
 
     async def _publish(self, event) -> None:
         assert self.sink is not None
@@ -212,6 +247,8 @@ class FakeEngine:
                     self.items[room][i] = v
                 case Remove(index=i):
                     del self.items[room][i]
+                case Reset(values=values):
+                    self.items[room] = list(values)
         await self._publish(TimelineChanged(room, tuple(diffs)))
 
     def _index(self, room: str, gap_id: str) -> int | None:

@@ -24,9 +24,10 @@ def make_app(
     *,
     plans: dict[str, FillPlan] | None = None,
     older: dict[str, list[EventItem]] | None = None,
+    threads: dict[str, Sequence[TimelineItem]] | None = None,
 ) -> tuple[GaplineApp, FakeEngine]:
     rows = items if items is not None else standard_items()
-    fake = FakeEngine({ROOM: rows}, plans=plans, older=older)
+    fake = FakeEngine({ROOM: rows}, plans=plans, older=older, threads=threads)
     rooms = RoomDirectory([RoomSummary(ROOM, name="design review", unread=0)])
     app = GaplineApp(fake.connect, rooms=rooms, room_id=ROOM, page_budget=4, tz=UTC)
     return app, fake

@@ -12,6 +12,17 @@ Layout (schema ``history``, migrations below, every column commented there):
   (``newer_ord``); a section has at most one gap before it.
 - ``history_room``, ``history_meta``, ``history_sync``: rooms seen, receipts
   and the read marker, and the sync token.
+- ``history_aggregate``, ``history_relation``, ``history_member``,
+  ``history_detached`` (migration 2, read and written by ``_relation_store``):
+  what relations made of each event, which relation events were seen, the
+  room's member state, and events fetched on their own (replied-to events).
+  An event that is not a row (an edit, a reaction, a redaction, a thread
+  reply in the room's timeline) is still an ``history_event`` row, with
+  ``shown = 0``: continuity is proven by every event, shown or not.
+
+A thread's timeline (``OpenThread``) is a timeline of its own in these tables:
+a ``history_room`` entry keyed by the room id and the root's id, with its own
+sections and gaps; its events' aggregates live with the room's.
 
 At rest: event bodies, cursors, boundaries, failures and the sync token are
 sealed with the store's AEAD cipher (associated data binds each value to its
@@ -28,28 +39,46 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from hashlib import blake2b as _blake2b
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import msgspec
 
-from gapline.history._types import GapLifecycle
+from gapline.history._cache_reads import CacheReads, Window, split_timeline_key, thread_key
+from gapline.history._cache_schema import HISTORY_MIGRATIONS
+from gapline.history._items import GapLifecycle
+from gapline.history._relation_store import RelationTables
 from gapline.history._updates import (
+    AggregateChanged,
+    DetachedStored,
+    EventRewritten,
     EventsAdded,
     GapAdded,
     GapChanged,
     GapRecord,
     GapRemoved,
     Key,
+    MembersUpdated,
     ReceiptsChanged,
+    RelationIndexed,
+    Room,
+    RowChanged,
+    RowsHidden,
     StoredEvent,
     Update,
 )
 from gapline.matrix import ClientEvent
-from gapline.storage import Backend, CorruptStore, Migration, Tx
+from gapline.storage import Backend, CorruptStore, Tx
 
-__all__ = ["HISTORY_MIGRATIONS", "CacheStore", "Cipher", "Window"]
+__all__ = [
+    "HISTORY_MIGRATIONS",
+    "CacheStore",
+    "Cipher",
+    "RowMeta",
+    "Window",
+    "split_timeline_key",
+    "thread_key",
+]
 
 
 class Cipher(Protocol):
@@ -62,88 +91,16 @@ class Cipher(Protocol):
     def lookup_key(self, identifier: str) -> bytes: ...
 
 
-_SQLITE_V1 = """
--- Rooms this store has seen (sync, open). The id is sealed; lookups use the hash.
-CREATE TABLE history_room (
-    room BLOB PRIMARY KEY,          -- keyed hash of the room id
-    rid INTEGER NOT NULL UNIQUE,    -- short local number keying the other tables (small index entries)
-    room_id BLOB NOT NULL           -- the room id, sealed
-);
--- One row per retained event. Ordered by (ord, pos): ord numbers sections
--- (newer sections higher), pos orders a section and goes negative as it grows
--- backwards. Rows are never renumbered.
-CREATE TABLE history_event (
-    room INTEGER NOT NULL,          -- history_room.rid
-    ord INTEGER NOT NULL,           -- section order
-    pos INTEGER NOT NULL,           -- position inside the section
-    event BLOB NOT NULL,            -- keyed hash of the event id, 16 bytes (dedup, lookup)
-    body BLOB NOT NULL,             -- the event's JSON, sealed (aad: room hash || event hash)
-    PRIMARY KEY (room, ord, pos)
-) WITHOUT ROWID;
-CREATE UNIQUE INDEX history_event_by_id ON history_event (room, event);
--- One row per gap, before the section it precedes. older_ord NULL is the top
--- of the room: kept so its cursor is never dropped, never shown as a row.
-CREATE TABLE history_gap (
-    room INTEGER NOT NULL,          -- history_room.rid
-    newer_ord INTEGER NOT NULL,     -- the section after the gap
-    gap_id TEXT NOT NULL,           -- opaque random id (FillGap takes it); not secret
-    older_ord INTEGER,              -- the section before the gap; NULL: top of the room
-    older_boundary BLOB,            -- newest event id of the older section, sealed
-    newer_boundary BLOB NOT NULL,   -- oldest event id of the newer section, sealed
-    cursor BLOB,                    -- token paginating back from newer_boundary, sealed; NULL: none
-    lifecycle TEXT NOT NULL,        -- Idle | Paused | Failed | Unavailable
-    failure BLOB,                   -- failure text, sealed; set with Failed
-    PRIMARY KEY (room, newer_ord)
-) WITHOUT ROWID;
-CREATE UNIQUE INDEX history_gap_by_id ON history_gap (room, gap_id);
--- Small per-room values: read receipts and the fully-read marker.
-CREATE TABLE history_meta (
-    room INTEGER NOT NULL,          -- history_room.rid
-    kind TEXT NOT NULL,             -- 'receipts' | 'fully_read'
-    value BLOB NOT NULL,            -- sealed JSON
-    PRIMARY KEY (room, kind)
-);
--- The sync position; written in the same transaction as the events it delivered.
-CREATE TABLE history_sync (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    token BLOB NOT NULL             -- next_batch, sealed
-);
-"""
+class RowMeta(msgspec.Struct, frozen=True, array_like=True):
+    """What the cache stores with an event beyond the event: its sender's name then."""
 
-# PostgreSQL runs the same schema with BYTEA for BLOB and ordinary tables for the
-# WITHOUT ROWID ones; every statement below is one text for both. The cache's
-# contract (tests/history/cache_contract.py) runs on each backend.
-HISTORY_MIGRATIONS = [
-    Migration(
-        1,
-        "sections of events, gaps, receipts and the sync token",
-        sqlite=_SQLITE_V1,
-        postgres=_SQLITE_V1.replace(") WITHOUT ROWID;", ");").replace("BLOB", "BYTEA"),
-    )
-]
+    sender_name: str | None = None
+
 
 _CHUNK = 400  # IN (...) lists stay under every driver's parameter limit
 
 
-class Room(NamedTuple):
-    """A room as the tables see it: its local number and its keyed hash (for AAD)."""
-
-    rid: int
-    key: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """What opening a room reads: the newest events, the gaps between them, receipts."""
-
-    events: list[StoredEvent]
-    gaps: list[GapRecord]
-    receipts: dict[str, str] = field(default_factory=dict)
-    fully_read: str | None = None
-    known: bool = True
-
-
-class CacheStore:
+class CacheStore(CacheReads):
     """Reads of the event cache and the writer that applies :data:`Update`\\ s.
 
     Every method taking ``tx`` is meant to run inside an operation on the
@@ -155,7 +112,12 @@ class CacheStore:
         self.cipher = cipher
         self._encode = msgspec.json.Encoder().encode
         self._event_subkey = cipher.lookup_key("gapline/history/event-id-subkey/v1")
-        self._decode = msgspec.json.Decoder(ClientEvent).decode
+        # A body is [event, meta] when the cache knows more than the event (its
+        # sender's name then), else the bare event (as before migration 2).
+        self._decode = msgspec.json.Decoder(ClientEvent | tuple[ClientEvent, RowMeta]).decode
+        self.me: str | None = None
+        """The account's user id, when known (a thread's "participated" needs it)."""
+        self.relations = RelationTables(self)
 
     @classmethod
     async def open(cls, backend: Backend, cipher: Cipher) -> CacheStore:
@@ -183,12 +145,23 @@ class CacheStore:
         row = tx.one("SELECT rid FROM history_room WHERE room = ?", (key,))
         return None if row is None else Room(int(row[0]), key)
 
-    def _open_event(self, room: Room, event: bytes, body: bytes) -> ClientEvent:
-        plain = self.cipher.decrypt(bytes(body), room.key + bytes(event))
+    def open_body(self, aad: bytes, body: bytes) -> tuple[ClientEvent, str | None]:
+        """A sealed event body: the event and its sender's name as of it."""
+        plain = self.cipher.decrypt(bytes(body), aad)
         try:
-            return self._decode(plain)
+            decoded = self._decode(plain)
         except msgspec.DecodeError as exc:  # sealed by us, so this is damage
             raise CorruptStore(f"a retained event does not decode: {exc}") from exc
+        if isinstance(decoded, tuple):
+            return decoded[0], decoded[1].sender_name
+        return decoded, None
+
+    def seal_body(self, aad: bytes, event: ClientEvent, sender_name: str | None) -> bytes:
+        body = event if sender_name is None else (event, RowMeta(sender_name))
+        return self.cipher.encrypt(self._encode(body), aad)
+
+    def _open_event(self, room: Room, event: bytes, body: bytes) -> ClientEvent:
+        return self.open_body(room.key + bytes(event), body)[0]
 
     def _seal_text(self, text: str | None, aad: bytes) -> bytes | None:
         return None if text is None else self.cipher.encrypt(text.encode(), aad)
@@ -245,6 +218,33 @@ class CacheStore:
             (room.rid, key[0], key[1]),
         )
         return None if row is None else self._open_event(room, row[0], row[1])
+
+    def retained(
+        self,
+        tx: Tx,
+        room: Room,
+        event_ids: Sequence[str],
+        known: dict[str, bytes] | None = None,
+    ) -> dict[str, StoredEvent]:
+        """The retained events among ``event_ids`` (shown or not), by id (``known``: a
+        cache of hashes, read and filled)."""
+        found: dict[str, StoredEvent] = {}
+        unique = list(dict.fromkeys(event_ids))
+        if known is not None:
+            missing = [i for i in unique if i not in known]
+            known.update(zip(missing, self.event_keys(missing), strict=True))
+        for start in range(0, len(unique), _CHUNK):
+            ids = unique[start : start + _CHUNK]
+            chunk = [known[i] for i in ids] if known is not None else self.event_keys(ids)
+            marks = ",".join("?" * len(chunk))
+            for o, p, ek, body in tx.all(
+                f"SELECT ord, pos, event, body FROM history_event WHERE room = ?"
+                f" AND event IN ({marks})",
+                (room.rid, *chunk),
+            ):
+                event, name = self.open_body(room.key + bytes(ek), body)
+                found[event.event_id] = StoredEvent(int(o), int(p), event, name)
+        return found
 
     _GAP_COLS = (
         "gap_id, newer_ord, older_ord, older_boundary, newer_boundary, cursor, lifecycle, failure"
@@ -310,9 +310,11 @@ class CacheStore:
         return dict(receipts), self._meta(tx, room, "fully_read")
 
     def _rows(self, room: Room, rows: Iterable[tuple[Any, ...]]) -> list[StoredEvent]:
-        return [
-            StoredEvent(int(o), int(p), self._open_event(room, ev, body)) for o, p, ev, body in rows
-        ]
+        out = []
+        for o, p, ev, body in rows:
+            event, name = self.open_body(room.key + bytes(ev), body)
+            out.append(StoredEvent(int(o), int(p), event, name))
+        return out
 
     # -- the writer: the only code that changes history rows ------------------------------
 
@@ -343,7 +345,9 @@ class CacheStore:
         ``event_key`` may supply event hashes the caller already computed.
         """
         match update:
-            case EventsAdded(ord=ord_, pos=pos, events=events):
+            case EventsAdded(
+                ord=ord_, pos=pos, events=events, items=items, shown=shown, aggregates=held
+            ):
                 # The per-event hot path of ingestion: one comprehension, locals only.
                 encode, encrypt, (rid, rkey) = self._encode, self.cipher.encrypt, room
                 keys = (
@@ -351,16 +355,42 @@ class CacheStore:
                     if event_key is None
                     else [event_key(e.event_id) for e in events]
                 )
+                # An event with a sender's name is stored as [event, meta], one without
+                # as the bare event (the body's first form, which still decodes).
+                bodies = (
+                    [
+                        event if i.sender_name is None else (event, RowMeta(i.sender_name))
+                        for event, i in zip(events, items, strict=True)
+                    ]
+                    if items
+                    else events
+                )
+                flags = [int(f) for f in shown] if shown else [1] * len(events)
                 rows = [
-                    (rid, ord_, p, ek, encrypt(encode(event), rkey + ek))
-                    for p, event, ek in zip(
-                        range(pos, pos + len(events)), events, keys, strict=True
+                    (rid, ord_, p, ek, encrypt(encode(body), rkey + ek), flag)
+                    for p, body, ek, flag in zip(
+                        range(pos, pos + len(events)), bodies, keys, flags, strict=True
                     )
                 ]
                 tx.executemany(
-                    "INSERT INTO history_event (room, ord, pos, event, body) VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO history_event (room, ord, pos, event, body, shown)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
                     rows,
                 )
+                if held and any(held):
+                    # The copy of each event's aggregate on its row (a room's own timeline
+                    # only: a thread's timeline reads its room's aggregates).
+                    seal = self.relations.seal
+                    tx.executemany(
+                        "UPDATE history_event SET agg = ? WHERE room = ? AND ord = ? AND pos = ?",
+                        [
+                            (seal(room, ek, a), rid, ord_, p)
+                            for p, ek, a in zip(
+                                range(pos, pos + len(events)), keys, held, strict=True
+                            )
+                            if a is not None
+                        ],
+                    )
             case GapAdded(gap=gap):
                 tx.execute(
                     "INSERT INTO history_gap (room, newer_ord, gap_id, older_ord, older_boundary,"
@@ -387,6 +417,22 @@ class CacheStore:
                 self._put_meta(tx, room, "receipts", dict(receipts))
                 if fully_read is not None:
                     self._put_meta(tx, room, "fully_read", fully_read)
+            case EventRewritten(key=key, event=event, sender_name=name, room=where):
+                at = where or room
+                ek = self.event_key(event.event_id)
+                tx.execute(
+                    "UPDATE history_event SET body = ? WHERE room = ? AND ord = ? AND pos = ?",
+                    (self.seal_body(at.key + ek, event, name), at.rid, key[0], key[1]),
+                )
+            case AggregateChanged() | RelationIndexed() | MembersUpdated() | DetachedStored():
+                self.relations.write(tx, room, update, event_key)
+            case RowsHidden(keys=keys):
+                tx.executemany(
+                    "UPDATE history_event SET shown = 0 WHERE room = ? AND ord = ? AND pos = ?",
+                    [(room.rid, o, p) for o, p in keys],
+                )
+            case RowChanged():
+                pass  # a row shows what the stored event and its aggregate say: nothing to store
 
     def _gap_values(self, room: Room, gap: GapRecord) -> tuple[Any, ...]:
         aad = room.key + gap.gap_id.encode()
@@ -413,106 +459,3 @@ class CacheStore:
             " ON CONFLICT (id) DO UPDATE SET token = excluded.token",
             (sealed,),
         )
-
-    # -- read operations ------------------------------------------------------------------
-
-    async def sync_token(self) -> str | None:
-        def op(tx: Tx) -> str | None:
-            row = tx.one("SELECT token FROM history_sync WHERE id = 1")
-            return None if row is None else self._open_text(row[0], b"history/sync")
-
-        return await self.backend.read(op)
-
-    async def load_window(self, room_id: str, limit: int) -> Window:
-        """The newest ``limit`` events of a room, the gaps between them, its receipts.
-
-        One index range scan backwards over ``(room, ord, pos)``; cost is
-        independent of how much the room retains.
-        """
-
-        def op(tx: Tx) -> Window:
-            room = self.find_room(tx, room_id)
-            if room is None:
-                return Window([], [], known=False)
-            rows = tx.all(
-                "SELECT ord, pos, event, body FROM history_event WHERE room = ?"
-                " ORDER BY ord DESC, pos DESC LIMIT ?",
-                (room.rid, limit),
-            )
-            events = self._rows(room, reversed(rows))
-            gaps = self.gaps_between(tx, room, events[0].ord, events[-1].ord) if events else []
-            receipts, fully_read = self.receipts(tx, room)
-            return Window(events, gaps, receipts, fully_read)
-
-        return await self.backend.read(op)
-
-    async def load_older(self, room_id: str, before: Key, limit: int) -> Window:
-        """Up to ``limit`` events older than ``before`` and the gaps that then sit
-        between loaded rows (including the one right above ``before``' section head)."""
-
-        def op(tx: Tx) -> Window:
-            room = self.find_room(tx, room_id)
-            if room is None:
-                return Window([], [])
-            rows = tx.all(
-                "SELECT ord, pos, event, body FROM history_event WHERE room = ?"
-                " AND (ord, pos) < (?, ?) ORDER BY ord DESC, pos DESC LIMIT ?",
-                (room.rid, before[0], before[1], limit),
-            )
-            events = self._rows(room, reversed(rows))
-            gaps = self.gaps_between(tx, room, events[0].ord, before[0]) if events else []
-            return Window(events, gaps)
-
-        return await self.backend.read(op)
-
-    async def room_is_known(self, room_id: str) -> bool:
-        return await self.backend.read(lambda tx: self.find_room(tx, room_id) is not None)
-
-    async def gap(self, room_id: str, gap_id: str) -> GapRecord | None:
-        def op(tx: Tx) -> GapRecord | None:
-            room = self.find_room(tx, room_id)
-            return None if room is None else self.gap_by_id(tx, room, gap_id)
-
-        return await self.backend.read(op)
-
-    async def top_gap(self, room_id: str) -> GapRecord | None:
-        def op(tx: Tx) -> GapRecord | None:
-            room = self.find_room(tx, room_id)
-            low = None if room is None else self.min_ord(tx, room)
-            if room is None or low is None:
-                return None
-            return self.gap_before(tx, room, low)
-
-        return await self.backend.read(op)
-
-    async def all_events(self, room_id: str, limit: int = 1_000_000) -> list[StoredEvent]:
-        """Every retained event of a room, oldest first (tests and tools; bounded)."""
-
-        def op(tx: Tx) -> list[StoredEvent]:
-            room = self.find_room(tx, room_id)
-            if room is None:
-                return []
-            rows = tx.all(
-                "SELECT ord, pos, event, body FROM history_event WHERE room = ?"
-                " ORDER BY ord, pos LIMIT ?",
-                (room.rid, limit),
-            )
-            return self._rows(room, rows)
-
-        return await self.backend.read(op)
-
-    async def all_gaps(self, room_id: str, limit: int = 10_000) -> list[GapRecord]:
-        """Every gap of a room (the top one included), oldest first (tests and tools)."""
-
-        def op(tx: Tx) -> list[GapRecord]:
-            room = self.find_room(tx, room_id)
-            if room is None:
-                return []
-            rows = tx.all(
-                f"SELECT {self._GAP_COLS} FROM history_gap WHERE room = ?"
-                " ORDER BY newer_ord LIMIT ?",
-                (room.rid, limit),
-            )
-            return [self._gap(room, row) for row in rows]
-
-        return await self.backend.read(op)

@@ -15,10 +15,10 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from gapline.history._cache_store import CacheStore
+from gapline.history._cache_store import CacheStore, split_timeline_key, thread_key
 from gapline.history._operations import Room
 from gapline.history._sections import Sections
-from gapline.history._updates import Update
+from gapline.history._updates import DetachedStored, RowChanged, Update
 from gapline.storage import Tx
 
 __all__ = ["Commits", "HistoryWrite"]
@@ -44,10 +44,9 @@ class Commits:
         async def write() -> T:
             async with self._lock:
                 result, updates = await self._store.backend.write(op)
-                for room_id, room_updates in updates.items():
-                    room = self._rooms.get(room_id)
-                    if room is not None and room_updates:
-                        room.timeline.queue(room_updates)
+                for key, timeline_updates in updates.items():
+                    if timeline_updates:
+                        self._deliver(key, timeline_updates)
                 return result
 
         task = asyncio.create_task(write())  # owned: kept in _tasks until done, drained
@@ -55,13 +54,33 @@ class Commits:
         task.add_done_callback(self._tasks.discard)
         return await asyncio.shield(task)
 
-    async def room_write(self, room_id: str, fn: Callable[[Sections], T]) -> T:
-        """Change one room's sections and gaps (``fn`` runs inside the write transaction)."""
+    def _deliver(self, key: str, updates: list[Update]) -> None:
+        """Queue a timeline's updates on it; a row that changed also reaches the room's
+        other open timelines (the room's, its threads'), wherever that row is loaded."""
+        room_id, root = split_timeline_key(key)
+        room = self._rooms.get(room_id)
+        if room is None:
+            return
+        target = room if root is None else room.threads.get(root)
+        if target is not None:
+            target.timeline.queue(updates)
+        shared = [u for u in updates if isinstance(u, RowChanged | DetachedStored)]
+        if shared:
+            for other in (room, *room.threads.values()):
+                if other is not target:
+                    other.timeline.queue(shared)
+
+    async def room_write(
+        self, room_id: str, fn: Callable[[Sections], T], *, thread_root: str | None = None
+    ) -> T:
+        """Change one room's (or thread's) sections and gaps (``fn`` runs inside the write
+        transaction)."""
 
         def op(tx: Tx) -> tuple[T, dict[str, list[Update]]]:
-            sections = Sections(self._store, tx, room_id)
+            sections = Sections(self._store, tx, room_id, thread_root=thread_root)
             result = fn(sections)
-            return result, {room_id: sections.updates}
+            key = room_id if thread_root is None else thread_key(room_id, thread_root)
+            return result, {key: sections.updates}
 
         return await self.run(op)
 

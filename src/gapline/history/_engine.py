@@ -14,7 +14,10 @@ open rooms and dispatches commands. The work lives beside it:
 - ``_walks``: the operations themselves (recent load, fill, back-pagination);
 - ``_drive``: the driver of one backwards walk (fetch, commit, flush);
 - ``_sync``: the sync loop and the ingestion of a sync answer;
-- ``_commits``: the one path every history write takes.
+- ``_commits``: the one path every history write takes;
+- ``_sending``: the commands that write to a room (messages, reactions,
+  redactions, edits, read markers, typing);
+- ``_threads``: thread views; ``_quotes``: fetching replied-to events.
 
 Task ownership: the engine owns one ``TaskGroup``. In it run the sync loop
 and, per open room, at most one *operation*. ``Cancel``, ``CloseRoom`` and
@@ -40,9 +43,11 @@ from typing import Any
 
 from gapline.history._cache_store import CacheStore, Cipher
 from gapline.history._commits import Commits
-from gapline.history._failures import describe
 from gapline.history._operations import Operations, Room
+from gapline.history._quotes import Quotes
+from gapline.history._sending import Sending
 from gapline.history._sync import Sync
+from gapline.history._threads import Threads
 from gapline.history._timeline import Timeline
 from gapline.history._types import (
     Answer,
@@ -50,25 +55,37 @@ from gapline.history._types import (
     CloseRoom,
     Command,
     DumpState,
+    EditMessage,
     EngineConfig,
     Event,
+    EventNotFound,
     Failed,
     FillGap,
     HistoryRepair,
     Interrupted,
     Invalid,
+    MarkRead,
+    Member,
+    MembersChanged,
     Ok,
     OpenRoom,
+    OpenThread,
     PaginateBackwards,
     RecentHistoryChanged,
     RecentHistoryState,
+    RedactEvent,
     RetryRecent,
     RoomNotOpen,
     SendMessage,
+    SendReaction,
+    SetTyping,
+    ShrinkTimeline,
     Shutdown,
+    TypingChanged,
 )
-from gapline.history._walks import OFFLINE, Walks
-from gapline.matrix import MatrixClient, MatrixError, SyncResponse
+from gapline.history._upgrade import finish_upgrades
+from gapline.history._walks import Walks
+from gapline.matrix import MatrixClient, SyncResponse
 from gapline.storage import Backend, open_backend, open_cipher, tune_sqlite_writer
 
 __all__ = ["Engine"]
@@ -123,7 +140,20 @@ class Engine:
             self.flush_history,
             timeline_limit=sync_timeline_limit,
             timeout_ms=sync_timeout_ms,
+            typing=self._typing,
         )
+        self._quotes = Quotes(client, self._commits, tg, self.flush_history)
+        self._sending = Sending(store, client, self._commits, self.flush_history)
+        self._threads = Threads(
+            store=store,
+            client=client,
+            config=config,
+            publish=publish,
+            commits=self._commits,
+            walks=self._walks,
+            on_quotes=self._quotes_wanted,
+        )
+        store.me = None if client is None else client.user_id
         self._sync_task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -163,6 +193,7 @@ class Engine:
             if cipher is None:
                 cipher = await open_cipher(backend, passphrase, kdf_cost=kdf_cost)
             cache = await CacheStore.open(backend, cipher)
+            await finish_upgrades(cache)
             if own_backend:
                 # Only a file of the engine's own: a backend passed in keeps its settings.
                 await tune_sqlite_writer(
@@ -206,6 +237,7 @@ class Engine:
             return
         if self.client is None:
             raise ValueError("an engine without a homeserver client cannot sync")
+        self.store.me = self.client.user_id
         self._sync_task = self._tg.create_task(self._sync.run(), name="history-sync")
 
     async def _shutdown(self) -> None:
@@ -226,6 +258,11 @@ class Engine:
         """The open room's timeline; ``KeyError`` when the room is not open."""
         return self._rooms[room_id].timeline
 
+    @property
+    def me(self) -> str | None:
+        """The account's user id (``None`` offline, or before the client logged in)."""
+        return self.store.me or (None if self.client is None else self.client.user_id)
+
     def is_open(self, room_id: str) -> bool:
         return self._open(room_id) is not None
 
@@ -234,12 +271,19 @@ class Engine:
         return RecentHistoryState.IDLE if room is None else room.recent
 
     async def flush_history(self, room_id: str | None = None) -> None:
-        """Fence: apply and publish whatever the cache queued (one room or all open rooms)."""
+        """Fence: apply and publish whatever the cache queued (one room or all open rooms,
+        with their open threads)."""
         rooms = [self._rooms[room_id]] if room_id in self._rooms else []
         if room_id is None:
             rooms = list(self._rooms.values())
         for room in rooms:
             await room.timeline.flush_history()
+            for thread in list(room.threads.values()):
+                await thread.timeline.flush_history()
+
+    def thread(self, room_id: str, thread_root: str) -> Timeline:
+        """An open thread's timeline; ``KeyError`` when it is not open."""
+        return self._rooms[room_id].threads[thread_root].timeline
 
     async def sync_once(
         self, *, timeout_ms: int = 0, since: str | None = None, initial: bool = False
@@ -260,6 +304,22 @@ class Engine:
     async def wait_synced(self, count: int = 1) -> None:
         """Wait until the sync loop committed ``count`` syncs in total (tests, tools)."""
         await self._sync.wait(count)
+
+    async def wait_idle(self, room_id: str, thread_root: str | None = None) -> None:
+        """Wait until the open room's (or thread's) running operation, if any, settled
+        (tests, tools: a thread's recent load runs in the background like a room's)."""
+        room = self._open(room_id, thread_root)
+        while room is not None and room.op is not None:
+            op = room.op
+            await op.launched.wait()
+            if op.task is not None:
+                await asyncio.wait([op.task])
+            if room.op is op:
+                break
+
+    async def wait_quotes(self) -> None:
+        """Wait until no replied-to event is being fetched (tests, tools)."""
+        await self._quotes.wait()
 
     @property
     def sync_count(self) -> int:
@@ -287,17 +347,27 @@ class Engine:
                 return Ok()
             case HistoryRepair(command=FillGap(room_id=room_id, gap_id=gap_id)):
                 room = self._open(room_id)
-                return RoomNotOpen() if room is None else await self._walks.fill_gap(room, gap_id)
+                if room is None:
+                    return RoomNotOpen()
+                return await self._walks.fill_gap(await self._gap_holder(room, gap_id), gap_id)
             case HistoryRepair(command=RetryRecent(room_id=room_id)):
                 room = self._open(room_id)
                 return RoomNotOpen() if room is None else await self._walks.retry_recent(room)
             case HistoryRepair(command=Cancel(room_id=room_id)):
                 return await self._cancel(room_id)
-            case PaginateBackwards(room_id=room_id, count=count):
-                room = self._open(room_id)
+            case PaginateBackwards(room_id=room_id, count=count, thread_root=root):
+                room = self._open(room_id, root)
                 return RoomNotOpen() if room is None else await self._walks.paginate(room, count)
-            case SendMessage(room_id=room_id, body=body):
-                return await self._send(room_id, body)
+            case SendMessage() | SendReaction() | RedactEvent() | EditMessage() | MarkRead():
+                return await self._write(command)
+            case SetTyping():
+                return await self._write(command)
+            case OpenThread(room_id=room_id, thread_root=root):
+                room = self._open(room_id)
+                return RoomNotOpen() if room is None else await self._threads.open(room, root)
+            case ShrinkTimeline(room_id=room_id, thread_root=root):
+                room = self._open(room_id, root)
+                return RoomNotOpen() if room is None else await self._reload(room)
             case Shutdown():
                 await self._shutdown()
                 return Ok()
@@ -323,7 +393,12 @@ class Engine:
         # Register the timeline before reading the window: a commit landing between
         # the read and the reset then queues its updates here, and applying them
         # after the reset is idempotent for what the read already saw.
-        timeline = Timeline(room_id, self._publish)
+        timeline = Timeline(
+            room_id,
+            self._publish,
+            max_rows=self.config.timeline_window,
+            on_quotes=self._quotes_wanted(room_id),
+        )
         room = Room(room_id, timeline, opening=True)
         self._rooms[room_id] = room
         try:
@@ -339,22 +414,64 @@ class Engine:
         await self._publish(reset)
         room.opening = False
         await timeline.flush_history()
+        members = await self.store.members(room_id)
+        if members:
+            await timeline.publish_event(
+                MembersChanged(
+                    room_id,
+                    tuple(Member(user_id=m.user_id, display_name=m.display_name,
+                                 membership=m.membership) for m in members),
+                )
+            )  # fmt: skip
+        timeline.note_quotes()
         # The recent load starts only after the reset is out: opening never waits on it.
         await self._walks.start_recent(room)
         return Ok()
 
-    def _open(self, room_id: str) -> Room | None:
-        """The room if it is open (and done opening)."""
+    def _open(self, room_id: str, thread_root: str | None = None) -> Room | None:
+        """The room (or its open thread) if it is open (and done opening)."""
         room = self._rooms.get(room_id)
+        if room is not None and thread_root is not None:
+            room = room.threads.get(thread_root)
         return None if room is None or room.opening else room
+
+    async def _gap_holder(self, room: Room, gap_id: str) -> Room:
+        """The room, or the open thread of it, whose timeline holds ``gap_id``."""
+        for thread in list(room.threads.values()):
+            if await self.store.gap(room.room_id, gap_id, thread_root=thread.thread_root):
+                return thread
+        return room
+
+    def _quotes_wanted(self, room_id: str):
+        return lambda event_ids: self._quotes.want(room_id, event_ids)
+
+    async def _typing(self, room_id: str, users: tuple[str, ...]) -> None:
+        room = self._open(room_id)
+        if room is not None:
+            others = tuple(sorted(u for u in users if u != self.store.me))
+            await room.timeline.publish_event(TypingChanged(room_id, others))
+
+    async def _reload(self, room: Room) -> Answer:
+        """``ShrinkTimeline``: the newest window again, as one ``Reset`` diff."""
+        limit = self.config.open_window
+        await room.timeline.reload(
+            lambda: self.store.load_window(room.room_id, limit, thread_root=room.thread_root),
+            limit,
+        )
+        return Ok()
 
     async def _close_room(self, room_id: str) -> None:
         room = self._rooms.get(room_id)
         if room is None:
             return
+        for thread in list(room.threads.values()):
+            await self._operations.stop(thread)
         await self._operations.stop(room)
+        await self._quotes.forget(room_id)
         self._rooms.pop(room_id, None)
         room.recent = RecentHistoryState.IDLE
+        for thread in list(room.threads.values()):
+            thread.timeline.closed = True
         await room.timeline.close(
             lambda: self._publish(RecentHistoryChanged(room_id, RecentHistoryState.IDLE))
         )
@@ -363,19 +480,30 @@ class Engine:
         room = self._open(room_id)
         if room is None:
             return RoomNotOpen()
+        for thread in list(room.threads.values()):
+            await self._operations.stop(thread)
         await self._operations.stop(room)
-        await room.timeline.flush_history()
+        await self.flush_history(room_id)
         return Ok()
 
-    # -- sending ---------------------------------------------------------------------------
+    # -- writing ---------------------------------------------------------------------------
 
-    async def _send(self, room_id: str, body: str) -> Answer:
-        if self._open(room_id) is None:
+    async def _write(
+        self, command: SendMessage | SendReaction | RedactEvent | EditMessage | MarkRead | SetTyping
+    ) -> Answer:
+        if self._open(command.room_id) is None:
             return RoomNotOpen()
-        if self.client is None:
-            return Failed(OFFLINE)
-        try:
-            await self.client.send_text(room_id, body)
-        except MatrixError as exc:
-            return Failed(describe(exc))
-        return Ok()
+        match command:
+            case SendMessage():
+                return await self._sending.message(command)
+            case SendReaction():
+                return await self._sending.reaction(command)
+            case RedactEvent():
+                return await self._sending.redact(command)
+            case EditMessage():
+                return await self._sending.edit(command)
+            case MarkRead():
+                return await self._sending.mark_read(command)
+            case SetTyping():
+                return await self._sending.typing(command)
+        return EventNotFound()

@@ -82,12 +82,33 @@ class WalkCancelled(Exception):
 WalkFlow = Generator[Fetch | Commit, MessagesResponse | PageResult, WalkOutcome]
 
 
-def backwards_walk(room_id: str, cursor: str | None, *, page_size: int, budget: int) -> WalkFlow:
-    """Walk back from ``cursor`` (``None``: the room's newest event) for up to ``budget`` pages."""
+def backwards_walk(
+    room_id: str,
+    cursor: str | None,
+    *,
+    page_size: int,
+    budget: int,
+    thread_root: str | None = None,
+) -> WalkFlow:
+    """Walk back from ``cursor`` (``None``: the newest event) for up to ``budget`` pages.
+
+    A room walks ``/messages``; a thread (``thread_root``) walks
+    ``/relations/{root}/m.thread``, whose ``next_batch`` the driver hands back
+    as the page's ``end``.
+    """
     pages = events = 0
     seen: set[str] = set() if cursor is None else {cursor}
 
     def request(start: str | None) -> Request:
+        if thread_root is not None:
+            return api.relations(
+                room_id,
+                thread_root,
+                rel_type="m.thread",
+                dir=Direction.BACKWARD,
+                from_=start,
+                limit=page_size,
+            )
         return api.messages(room_id, from_=start, dir=Direction.BACKWARD, limit=page_size)
 
     try:

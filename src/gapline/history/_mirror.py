@@ -16,6 +16,12 @@ rows. Rules, applied per event in publish order:
   (Closing a room drops both.)
 - ``HistoryRepairChanged``: the report replaces ``repairs[room]`` (the
   ``Bridging`` report, then the settled one).
+- A ``TimelineReset``/``TimelineChanged`` with a ``thread_root`` applies to
+  that thread's rows (``State.threads[room][root]``) the same way.
+- ``TypingChanged`` replaces who types in the room (``State.typing``, no
+  entry when nobody); ``MembersChanged`` upserts members into
+  ``State.members`` (sorted by user id; one who left or was banned is
+  dropped). ``Idle`` drops the room's threads, typing and members too.
 
 Attach a mirror to an engine as an :class:`EventSink`: it applies
 synchronously inside ``publish``, so by the time a command's answer is
@@ -33,12 +39,15 @@ from gapline.history._types import (
     Event,
     HistoryRepairChanged,
     HistoryRepairReport,
+    Member,
+    MembersChanged,
     RecentHistoryChanged,
     RecentHistoryKind,
     RecentHistoryState,
     TimelineChanged,
     TimelineItem,
     TimelineReset,
+    TypingChanged,
     apply_diffs,
 )
 
@@ -59,12 +68,19 @@ class State:
 
     ``recent_history``: rooms whose recent load is not idle. ``repairs``: the
     last fill report of each room that had a fill since it opened.
-    ``timelines``: the rows of each open room, oldest first.
+    ``timelines``: the rows of each open room, oldest first. ``threads``: per
+    room, the rows of each open thread (by root event id). ``typing``: who
+    types in each open room. ``members``: each open room's members.
     """
 
     recent_history: Mapping[str, RecentHistoryState] = field(default_factory=lambda: _frozen({}))
     repairs: Mapping[str, HistoryRepairReport] = field(default_factory=lambda: _frozen({}))
     timelines: Mapping[str, tuple[TimelineItem, ...]] = field(default_factory=lambda: _frozen({}))
+    threads: Mapping[str, Mapping[str, tuple[TimelineItem, ...]]] = field(
+        default_factory=lambda: _frozen({})
+    )
+    typing: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _frozen({}))
+    members: Mapping[str, tuple[Member, ...]] = field(default_factory=lambda: _frozen({}))
 
     def recent(self, room_id: str) -> RecentHistoryState:
         """The room's recent load state; ``Idle`` when it has no entry."""
@@ -78,36 +94,82 @@ class Mirror:
         self._recent: dict[str, RecentHistoryState] = {}
         self._repairs: dict[str, HistoryRepairReport] = {}
         self._timelines: dict[str, tuple[TimelineItem, ...]] = {}
+        self._threads: dict[str, dict[str, tuple[TimelineItem, ...]]] = {}
+        self._typing: dict[str, tuple[str, ...]] = {}
+        self._members: dict[str, dict[str, Member]] = {}
 
     @property
     def state(self) -> State:
         """An immutable snapshot; later events do not change it."""
-        return State(_frozen(self._recent), _frozen(self._repairs), _frozen(self._timelines))
+        return State(
+            _frozen(self._recent),
+            _frozen(self._repairs),
+            _frozen(self._timelines),
+            _frozen({r: _frozen(t) for r, t in self._threads.items()}),
+            _frozen(self._typing),
+            _frozen({r: tuple(m[u] for u in sorted(m)) for r, m in self._members.items()}),
+        )
 
-    def items(self, room_id: str) -> tuple[TimelineItem, ...] | None:
-        """The room's rows, or ``None`` when the room is not open in the mirror."""
+    def items(
+        self, room_id: str, thread_root: str | None = None
+    ) -> tuple[TimelineItem, ...] | None:
+        """The room's (or thread's) rows, or ``None`` when it is not open in the mirror."""
+        if thread_root is not None:
+            return self._threads.get(room_id, {}).get(thread_root)
         return self._timelines.get(room_id)
+
+    def members(self, room_id: str) -> tuple[Member, ...]:
+        """The room's members, by user id."""
+        found = self._members.get(room_id, {})
+        return tuple(found[u] for u in sorted(found))
+
+    def typing(self, room_id: str) -> tuple[str, ...]:
+        return self._typing.get(room_id, ())
 
     async def publish(self, event: Event) -> None:
         self.apply(event)
 
     def apply(self, event: Event) -> None:
         match event:
-            case TimelineReset(room_id=room_id, items=items):
+            case TimelineReset(room_id=room_id, items=items, thread_root=None):
                 self._timelines[room_id] = tuple(items)
-            case TimelineChanged(room_id=room_id, diffs=diffs):
-                current = self._timelines.get(room_id)
+            case TimelineReset(room_id=room_id, items=items, thread_root=str(root)):
+                if room_id not in self._timelines:
+                    raise MirrorError(f"a thread of {room_id}, which is not open")
+                self._threads.setdefault(room_id, {})[root] = tuple(items)
+            case TimelineChanged(room_id=room_id, diffs=diffs, thread_root=root):
+                where = room_id if root is None else f"{room_id} thread {root}"
+                rows = self._timelines if root is None else self._threads.get(room_id, {})
+                current = rows.get(room_id if root is None else root)
                 if current is None:
-                    raise MirrorError(f"TimelineChanged for {room_id}, which is not open")
+                    raise MirrorError(f"TimelineChanged for {where}, which is not open")
                 try:
-                    self._timelines[room_id] = apply_diffs(current, diffs)
+                    rows[room_id if root is None else root] = apply_diffs(current, diffs)
                 except DiffError as exc:
-                    raise MirrorError(f"TimelineChanged for {room_id}: {exc}") from exc
+                    raise MirrorError(f"TimelineChanged for {where}: {exc}") from exc
+            case TypingChanged(room_id=room_id, user_ids=user_ids):
+                if user_ids:
+                    self._typing[room_id] = tuple(user_ids)
+                else:
+                    self._typing.pop(room_id, None)
+            case MembersChanged(room_id=room_id, members=members):
+                known = self._members.setdefault(room_id, {})
+                for member in members:
+                    if member.membership in ("leave", "ban"):
+                        known.pop(member.user_id, None)
+                    else:
+                        known[member.user_id] = member
             case RecentHistoryChanged(room_id=room_id, state=state):
                 if state.kind is RecentHistoryKind.Idle:
-                    self._recent.pop(room_id, None)
-                    self._repairs.pop(room_id, None)
-                    self._timelines.pop(room_id, None)
+                    for held in (
+                        self._recent,
+                        self._repairs,
+                        self._timelines,
+                        self._threads,
+                        self._typing,
+                        self._members,
+                    ):
+                        held.pop(room_id, None)
                 else:
                     self._recent[room_id] = state
             case HistoryRepairChanged(report=report):

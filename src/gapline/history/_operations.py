@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from gapline.history._timeline import Timeline
 from gapline.history._types import Answer, Interrupted, RecentHistoryState
+from gapline.matrix import ClientEvent
 
 __all__ = ["Operation", "OperationKind", "Operations", "Room", "shielded", "uncancel"]
 
@@ -90,13 +91,22 @@ class Operation:
 
 @dataclass(eq=False)
 class Room:
-    """An open room as the engine holds it: its timeline, its recent load state, its slot."""
+    """An open room as the engine holds it: its timeline, its recent load state, its slot.
+
+    An open thread of the room is a ``Room`` too (``thread_root`` set, kept in its
+    room's ``threads``): a timeline of its own with its own operation slot, so a
+    thread's walk never makes its room busy. ``root_event`` is the thread's root,
+    shown at the top of the thread once its walk reaches the start.
+    """
 
     room_id: str
     timeline: Timeline
     op: Operation | None = None
     recent: RecentHistoryState = field(default=RecentHistoryState.IDLE)
     opening: bool = False
+    thread_root: str | None = None
+    threads: dict[str, Room] = field(default_factory=dict)
+    root_event: ClientEvent | None = None
 
 
 class Operations:
@@ -129,7 +139,8 @@ class Operations:
                 if room.op is op:
                     room.op = None
 
-        op.task = self._tg.create_task(run(), name=f"history-{op.kind.value}-{room.room_id}")
+        where = room.room_id if room.thread_root is None else f"{room.room_id}-{room.thread_root}"
+        op.task = self._tg.create_task(run(), name=f"history-{op.kind.value}-{where}")
         op.launched.set()
 
     @staticmethod

@@ -16,8 +16,15 @@ Rules held here:
 - a walk backwards (recent load, fill, back-pagination) prepends to the
   section it walks, and each page commits its events together with the gap's
   new cursor;
-- a sync's read receipts merge into the retained ones (each user's ``m.read``
-  moves to the event it names), and the fully-read marker moves with them.
+- a sync's read receipts merge into the retained ones (each user's ``m.read``,
+  and this account's own ``m.read.private``, moves to the event it names), and
+  the fully-read marker moves with them;
+- every batch of events placed passes the relation rules (``_admission``) in
+  the same transaction, and is named by the member state as of each event
+  (``_members``): forwards for a sync, backwards for a walk;
+- a thread's timeline (``thread_root``) is sections and gaps of its own; a
+  sync's thread replies extend it only where the room's own history proves
+  nothing is missing in between (else they open a section behind a gap).
 """
 
 from __future__ import annotations
@@ -28,16 +35,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gapline.history._cache_store import CacheStore
+from gapline.history._admission import Admission
+from gapline.history._cache_store import CacheStore, thread_key
+from gapline.history._members import MemberView
+from gapline.history._render import render
 from gapline.history._types import GapLifecycle
 from gapline.history._updates import (
+    AggregateChanged,
+    DetachedStored,
+    EventRewritten,
     EventsAdded,
     GapAdded,
     GapChanged,
     GapRecord,
     GapRemoved,
     Key,
+    MembersUpdated,
     ReceiptsChanged,
+    RelationIndexed,
+    RowsHidden,
+    StoredEvent,
     Update,
 )
 from gapline.matrix import ClientEvent
@@ -83,21 +100,71 @@ class PageResult:
     gap: GapRecord | None
 
 
-class Sections:
-    """A room's sections and gaps, changed inside one write transaction."""
+_ROOM_LEVEL = (AggregateChanged, RelationIndexed, MembersUpdated, DetachedStored)
+"""Updates kept with the room, never with one of its threads' timelines."""
 
-    def __init__(self, store: CacheStore, tx: Tx, room_id: str) -> None:
+
+class Sections:
+    """A room's (or one of its threads') sections and gaps, changed inside one write
+    transaction."""
+
+    def __init__(
+        self, store: CacheStore, tx: Tx, room_id: str, *, thread_root: str | None = None
+    ) -> None:
         self.store = store
         self.tx = tx
         self.room_id = room_id
+        self.thread_root = thread_root
         self.updates: list[Update] = []
         self._keys: dict[str, bytes] = {}  # event id -> hash, computed once per transaction
-        self.room = store.note_room(tx, room_id)
+        self.agg_room = store.note_room(tx, room_id)
+        self.room = (
+            self.agg_room
+            if thread_root is None
+            else store.note_room(tx, thread_key(room_id, thread_root))
+        )
+        self.names: dict[str, str | None] = {}
+        """Sender names as of each event of the batch being placed (``_members``)."""
+        self.admission = Admission(self)
+        self._members: MemberView | None = None
+
+    @property
+    def known_keys(self) -> dict[str, bytes]:
+        """Event hashes computed in this transaction already."""
+        return self._keys
+
+    @property
+    def members(self) -> MemberView:
+        if self._members is None:
+            self._members = MemberView(self.store, self.tx, self.agg_room)
+        return self._members
 
     def _emit(self, update: Update) -> None:
-        """The single choke point: write the update, and record it for the timeline."""
-        self.store.write_update(self.tx, self.room, update, self._key)
+        """The single choke point: write the update, and record it for the timeline.
+
+        Placed events pass the relation rules first; what they change elsewhere
+        is emitted right after them, through here as well.
+        """
+        if isinstance(update, EventsAdded) and update.items is None:
+            placed, effects = self.admission.admit(update)
+            self._emit(placed)
+            for effect in effects:
+                self._emit(effect)
+            return
+        room = self.agg_room if isinstance(update, _ROOM_LEVEL) else self.room
+        self.store.write_update(self.tx, room, update, self._key)
         self.updates.append(update)
+
+    def flush_members(self) -> None:
+        """Store the member state this transaction moved (and tell the timeline)."""
+        if self._members is not None and self._members.changed:
+            self._emit(MembersUpdated(tuple(self._members.changed.values())))
+            self._members.changed = {}
+
+    def ingest_state(self, events: Sequence[ClientEvent]) -> None:
+        """A sync's state block (the room's state just before its timeline)."""
+        if any(e.type == "m.room.member" for e in events):
+            self.members.apply_state(events)
 
     def _key(self, event_id: str) -> bytes:
         key = self._keys.get(event_id)
@@ -132,6 +199,8 @@ class Sections:
             # Nothing to anchor a gap to: a gap needs an event on its newer side.
             # The next sync with events records its own prev_batch.
             return
+        if self.thread_root is None:
+            self.names.update(self.members.forward(events))
         keys = self._keys_of(events)
         where = store.locate(tx, room, keys)
         batch: list[tuple[ClientEvent, bytes]] = []
@@ -264,6 +333,69 @@ class Sections:
     def set_receipts(self, receipts: dict[str, str], fully_read: str | None) -> None:
         self._emit(ReceiptsChanged(tuple(sorted(receipts.items())), fully_read))
 
+    def mark_read(self, user: str, event_id: str) -> None:
+        """This account read up to ``event_id`` (its receipt and the marker move now,
+        before the server's echo in a later sync)."""
+        stored, marker = self.store.receipts(self.tx, self.room)
+        if stored.get(user) != event_id or marker != event_id:
+            self.set_receipts({**stored, user: event_id}, event_id)
+
+    def detach(self, event_id: str, event: ClientEvent | None) -> None:
+        """Keep an event fetched on its own (``None``: the server would not return it)."""
+        item = None
+        if event is not None:
+            aggregate = self.store.relations.aggregates(self.tx, self.agg_room, [event_id])
+            item = render(event, aggregate.get(event_id), me=self.store.me)
+        self._emit(DetachedStored(event_id, event, item))
+
+    def reclassify(self, stored: Sequence[StoredEvent]) -> None:
+        """Events retained before the relation rules existed (oldest first): they pass
+        the rules now, as if they had just arrived; those that are no rows are hidden."""
+        if not stored:
+            return
+        self.admission.placing = False
+        placed, effects = self.admission.admit(EventsAdded(0, 0, tuple(s.event for s in stored)))
+        self.admission.placing = True
+        assert placed.shown is not None
+        hidden = tuple(s.key for s, shown in zip(stored, placed.shown, strict=True) if not shown)
+        if hidden:
+            self._emit(RowsHidden(hidden))
+        for before, after in zip(stored, placed.events, strict=True):
+            if after is not before.event:
+                self._emit(EventRewritten(before.key, after, before.sender_name))
+        for effect in effects:
+            self._emit(effect)
+
+    def extend_threads(self, prev_batch: str | None) -> dict[str, list[Update]]:
+        """Carry this sync's thread replies into the timelines of threads already kept.
+
+        A reply follows its thread's newest retained event only when both sit
+        in one section of the room's own history (so nothing of the thread is
+        missing between them); otherwise it opens a section behind a gap whose
+        cursor is the sync's ``prev_batch`` (``/relations`` accepts it).
+        """
+        out: dict[str, list[Update]] = {}
+        store, tx = self.store, self.tx
+        for root, replies in self.admission.thread_replies.items():
+            key = thread_key(self.room_id, root)
+            if store.find_room(tx, key) is None:
+                continue  # a thread never opened: its view walks the server when it opens
+            thread = Sections(store, tx, self.room_id, thread_root=root)
+            thread.names = self.names
+            tail = store.tail(tx, thread.room)
+            proven = False
+            if tail is not None:
+                newest = store.event_at(tx, thread.room, tail)
+                assert newest is not None
+                where = store.locate(
+                    tx, self.room, store.event_keys([newest.event_id, replies[0].event_id])
+                )
+                placed = list(where.values())
+                proven = len(placed) == 2 and placed[0][0] == placed[1][0]
+            thread.ingest_sync(replies, limited=not proven, prev_batch=prev_batch)
+            out[key] = thread.updates
+        return out
+
     def ingest_receipts(
         self, receipts: Mapping[str, Mapping[str, Any]], fully_read: str | None
     ) -> None:
@@ -277,10 +409,16 @@ class Sections:
             return
         stored, stored_marker = self.store.receipts(self.tx, self.room)
         merged = dict(stored)
+        me = self.store.me
         for event_id, by_type in receipts.items():
-            readers = by_type.get("m.read")
-            for user in readers if isinstance(readers, dict) else ():
-                merged[user] = event_id
+            for kind in ("m.read", "m.read.private"):
+                readers = by_type.get(kind)
+                for user, receipt in readers.items() if isinstance(readers, dict) else ():
+                    thread = receipt.get("thread_id") if isinstance(receipt, dict) else None
+                    if thread not in (None, "main"):
+                        continue  # a thread's receipt does not move the room's
+                    if kind == "m.read" or user == me:
+                        merged[user] = event_id
         if merged != stored or (fully_read is not None and fully_read != stored_marker):
             self.set_receipts(merged, fully_read)
 
@@ -303,6 +441,7 @@ class Sections:
         after this page (the page that spends a fill's budget pauses it).
         """
         store, tx, room = self.store, self.tx, self.room
+        self.names.update(self.members.backward(chunk))
         keys = self._keys_of(chunk)
         where = store.locate(tx, room, keys)
         anchor = state.anchor

@@ -1,11 +1,13 @@
 """The sync loop and ingestion: each ``/sync`` answer committed with its token, then shown.
 
-:func:`commit_sync` places every joined room's events, gaps and receipts
-(through :class:`~gapline.history._sections.Sections`) and writes
+:func:`commit_sync` places every joined room's member state, events, gaps and
+receipts (through :class:`~gapline.history._sections.Sections`), carries its
+thread replies into the thread timelines already kept, and writes
 ``next_batch`` in the same transaction, so a crash can never persist a token
 whose events were lost. :class:`Sync` runs one ``/sync`` at a time from the
-stored token, commits it, flushes the open rooms it touched, and keeps which
-rooms the account has joined (an ``OpenRoom`` of a room never joined fails).
+stored token, commits it, flushes the open rooms it touched, hands on who is
+typing (``m.typing``, never stored), and keeps which rooms the account has
+joined (an ``OpenRoom`` of a room never joined fails).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from gapline.history._updates import Update
 from gapline.matrix import MatrixClient, MatrixError, SyncResponse, UnknownToken
 from gapline.storage import StorageError, Tx
 
-__all__ = ["Sync", "commit_sync"]
+__all__ = ["Sync", "commit_sync", "typing_of"]
 
 log = logging.getLogger("gapline.history")
 
@@ -39,13 +41,27 @@ def commit_sync(
     for room_id, joined in response.rooms.join.items():
         sections = Sections(store, tx, room_id)
         timeline = joined.timeline
+        sections.ingest_state(joined.state.events)
         sections.ingest_sync(
             timeline.events, limited=timeline.limited, prev_batch=timeline.prev_batch
         )
+        sections.flush_members()
         sections.ingest_receipts(joined.receipts, joined.fully_read)
         out[room_id] = sections.updates
+        out.update(sections.extend_threads(timeline.prev_batch))
     store.put_sync_token(tx, response.next_batch)
     return None, out
+
+
+def typing_of(response: SyncResponse) -> dict[str, tuple[str, ...]]:
+    """Who types in each room whose typing changed in this sync (``m.typing``)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for room_id, joined in response.rooms.join.items():
+        for event in joined.ephemeral.of_type("m.typing"):
+            users = event.content.get("user_ids")
+            if isinstance(users, list):
+                out[room_id] = tuple(u for u in users if isinstance(u, str))
+    return out
 
 
 class Sync:
@@ -60,11 +76,13 @@ class Sync:
         *,
         timeline_limit: int | None,
         timeout_ms: int,
+        typing: Callable[[str, tuple[str, ...]], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
         self._client = client
         self._commits = commits
         self._flush_room = flush_room
+        self._typing = typing
         self._filter: dict[str, Any] | None = (
             None if timeline_limit is None else {"room": {"timeline": {"limit": timeline_limit}}}
         )
@@ -96,6 +114,9 @@ class Sync:
         )
         for room_id in response.rooms.join:
             await self._flush_room(room_id)
+        if self._typing is not None:
+            for room_id, users in typing_of(response).items():
+                await self._typing(room_id, users)
         async with self._synced:
             self.count += 1
             self._synced.notify_all()

@@ -1,32 +1,48 @@
-"""A room's timeline rows, and the diff builder that reads the cache's updates.
+"""A room's (or thread's) timeline rows, and the diff builder that reads the cache's updates.
 
 Rows are kept sorted by a key derived from the cache's ``(ord, pos)``: an
 event row sits at ``(ord, pos, 1)``, the read marker right after the event it
 marks at ``(ord, pos, 2)``, and a gap row before every event of the section it
-precedes at ``(newer_ord, -inf, 0)``. The timeline holds a *window*: every
-retained row from ``low`` (its oldest loaded event) up. Updates below the
-window are skipped; scrolling back loads them from the store.
+precedes at ``(newer_ord, -inf, 0)``. The timeline holds a *window*: the rows
+from ``low`` (its oldest loaded row) up to ``high`` (its newest; ``None``
+while the window reaches the live end). Updates outside the window are
+skipped; scrolling loads them from the store.
 
-Applying updates is idempotent (an event already shown is not shown twice, a
-gap already removed is not removed twice), because a read of older rows may
-see a commit whose updates are still queued.
+The window is bounded (``EngineConfig.timeline_window``): loading older rows
+past the bound drops rows at the newest end, by ``Remove`` diffs, and the
+window no longer follows the live end. :meth:`Timeline.reload` (a
+``ShrinkTimeline``, or returning to the live end) replaces the rows with the
+newest window as exactly one ``Reset`` diff; row ids do not change.
+
+Rows come from the cache's updates: ``EventsAdded`` carries the rows the
+relation rules made, ``RowChanged`` a retained event's new row (an edit, a
+redaction, a reaction, a thread reply), wherever it is loaded. A reply's
+quote follows the quoted row. Applying updates is idempotent (an event
+already shown is not shown twice, a gap already removed is not removed
+twice), because a read of older rows may see a commit whose updates are
+still queued.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 from gapline.history._cache_store import Window
+from gapline.history._items import EventItem, InReplyTo, Member, ReplyStatus
+from gapline.history._render import preview_of, render, reply_preview
 from gapline.history._types import (
     Append,
     Event,
-    EventItem,
     HistoryGapItem,
     Insert,
+    MembersChanged,
     ReadMarkerItem,
     Remove,
+    Reset,
     Set,
     TimelineChanged,
     TimelineItem,
@@ -35,40 +51,24 @@ from gapline.history._types import (
     VectorDiff,
 )
 from gapline.history._updates import (
+    DetachedStored,
     EventsAdded,
     GapAdded,
     GapChanged,
     GapRecord,
     GapRemoved,
     Key,
+    MembersUpdated,
     ReceiptsChanged,
+    RowChanged,
     StoredEvent,
     Update,
 )
-from gapline.matrix import ClientEvent
 
-__all__ = ["Timeline", "event_item", "gap_item"]
+__all__ = ["Timeline", "gap_item"]
 
 _GAP_POS = -(2**62)
 RowKey = tuple[int, int, int]
-
-
-def event_item(event: ClientEvent, receipts: Iterable[str] = ()) -> EventItem:
-    body = event.content.get("body")
-    # Edited: the server aggregated a replacement onto this event.
-    relations = event.unsigned.get("m.relations")
-    replaced = isinstance(relations, dict) and "m.replace" in relations
-    return EventItem(
-        id=event.event_id,
-        event_id=event.event_id,
-        sender=event.sender,
-        origin_server_ts=event.origin_server_ts,
-        event_type=event.type,
-        body=body if isinstance(body, str) else None,
-        edited=replaced,
-        redacted=event.redacted_because is not None,
-        receipts=tuple(sorted(receipts)),
-    )
 
 
 def gap_item(gap: GapRecord) -> HistoryGapItem:
@@ -81,26 +81,47 @@ def gap_item(gap: GapRecord) -> HistoryGapItem:
     )
 
 
+def _bare_rows(events: Sequence[StoredEvent]) -> list[EventItem]:
+    return [render(s.event, None, sender_name=s.sender_name) for s in events]
+
+
 class Timeline:
-    """One open room's rows (``state.items``, oldest first) and its queue of updates.
+    """One open room's (or thread's) rows, oldest first, and its queue of updates.
 
     The cache queues each committed batch of updates with :meth:`queue`;
     :meth:`flush_history` applies everything queued, without replacing the
     timeline, and publishes the diffs as one ``TimelineChanged``.
     """
 
-    def __init__(self, room_id: str, publish: Callable[[Event], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        room_id: str,
+        publish: Callable[[Event], Awaitable[None]],
+        *,
+        thread_root: str | None = None,
+        max_rows: int = 3000,
+        on_quotes: Callable[[set[str]], None] | None = None,
+    ) -> None:
         self.room_id = room_id
+        self.thread_root = thread_root
+        self.max_rows = max_rows
         self._publish = publish
+        self._on_quotes = on_quotes
         self._keys: list[RowKey] = []
         self._items: list[TimelineItem] = []
         self._pending: list[Update] = []
         self._lock = asyncio.Lock()
-        self._low: Key | None = None  # oldest loaded event; None: none loaded
+        self._low: Key | None = None  # oldest loaded row; None: none loaded
+        self._high: Key | None = None  # newest loaded row when detached from the live end
         self.complete_below = True  # the window holds the room's oldest retained event
+        self.generation = 0  # moves on every reload: a read begun before it is stale
         self._receipts: dict[str, str] = {}  # user -> event id
         self._fully_read: str | None = None
         self._event_keys: dict[str, RowKey] = {}
+        self._quoting: dict[str, set[RowKey]] = {}  # quoted event id -> rows quoting it
+        # Recent events that are not rows (reactions, edits...): a gap opened behind one
+        # of them still has its older side loaded. Bounded: only the newest matter.
+        self._hidden: deque[str] = deque(maxlen=64)
         self.closed = False
         self._ready = False  # until the reset is built, queued updates wait
 
@@ -114,55 +135,154 @@ class Timeline:
     def low(self) -> Key | None:
         return self._low
 
+    @property
+    def at_live_end(self) -> bool:
+        """Whether the window follows the live end (new events append)."""
+        return self._high is None
+
     def has_events(self) -> bool:
         return bool(self._event_keys)
+
+    def pending_quotes(self) -> set[str]:
+        """Event ids quoted by loaded rows that the cache does not hold yet."""
+        out = set()
+        for target, keys in self._quoting.items():
+            for key in keys:
+                item = self._item_at(key)
+                if (
+                    isinstance(item, EventItem)
+                    and item.in_reply_to is not None
+                    and item.in_reply_to.status is ReplyStatus.Pending
+                ):
+                    out.add(target)
+                    break
+        return out
 
     # -- loading ---------------------------------------------------------------------------
 
     def reset(self, window: Window, limit: int) -> TimelineReset:
-        """Fill from the store's newest window; the event to publish as the room opens."""
+        """Fill from the store's newest window; the event to publish as it opens."""
         self._ready = True
+        self._fill(window, limit)
+        return TimelineReset(self.room_id, tuple(self._items), self.thread_root)
+
+    def _fill(self, window: Window, limit: int) -> None:
         self._receipts = dict(window.receipts)
         self._fully_read = window.fully_read
         self._keys.clear()
         self._items.clear()
         self._event_keys.clear()
+        self._quoting.clear()
+        self._hidden.clear()
+        if window.hidden_tail is not None:
+            self._hidden.append(window.hidden_tail)
+        self._high = None
+        self.generation += 1
         self.complete_below = len(window.events) < limit
         self._low = window.events[0].key if window.events else None
-        for key, item in self._rows(window.events, window.gaps):
+        for key, item in self._rows(window):
             self._keys.append(key)
             self._items.append(item)
-        return TimelineReset(self.room_id, tuple(self._items))
 
-    def _rows(
-        self, events: Sequence[StoredEvent], gaps: Sequence[GapRecord]
-    ) -> list[tuple[RowKey, TimelineItem]]:
-        by_event: dict[str, list[str]] = {}
-        for user, event_id in self._receipts.items():
-            by_event.setdefault(event_id, []).append(user)
+    async def reload(self, read: Callable[[], Awaitable[Window]], limit: int) -> None:
+        """Replace the rows with the newest window, published as exactly one ``Reset``.
+
+        Updates queued before the read began are already in what it reads; the
+        ones queued after it are applied afterwards (idempotently).
+        """
+        async with self._lock:
+            if self.closed:
+                return
+            seen = len(self._pending)
+            window = await read()
+            del self._pending[:seen]
+            self._fill(window, limit)
+            await self._publish(
+                TimelineChanged(self.room_id, (Reset(tuple(self._items)),), self.thread_root)
+            )
+        self.note_quotes()
+
+    def _rows(self, window: Window) -> list[tuple[RowKey, TimelineItem]]:
+        by_event = self._readers()
+        items = window.items if window.items is not None else _bare_rows(window.events)
         rows: list[tuple[RowKey, TimelineItem]] = []
-        for stored in events:
+        for stored, item in zip(window.events, items, strict=True):
             key = (stored.ord, stored.pos, 1)
-            self._event_keys[stored.event_id] = key
-            rows.append((key, event_item(stored.event, by_event.get(stored.event_id, ()))))
+            self._track(key, item)
+            rows.append((key, replace(item, receipts=by_event.get(stored.event_id, ()))))
             if stored.event_id == self._fully_read:
                 rows.append(((stored.ord, stored.pos, 2), ReadMarkerItem()))
-        for gap in gaps:
+        for gap in window.gaps:
             if not gap.is_top:
                 rows.append(((gap.newer_ord, _GAP_POS, 0), gap_item(gap)))
         rows.sort(key=lambda row: row[0])
         return rows
 
-    def prepend_window(self, window: Window) -> list[VectorDiff]:
-        """Older retained rows read from the store, inserted at the front."""
+    def _readers(self) -> dict[str, tuple[str, ...]]:
+        by_event: dict[str, list[str]] = {}
+        for user, event_id in self._receipts.items():
+            by_event.setdefault(event_id, []).append(user)
+        return {e: tuple(sorted(users)) for e, users in by_event.items()}
+
+    def _track(self, key: RowKey, item: EventItem) -> None:
+        self._event_keys[item.event_id] = key
+        if item.in_reply_to is not None:
+            self._quoting.setdefault(item.in_reply_to.event_id, set()).add(key)
+
+    def _untrack(self, key: RowKey, item: TimelineItem) -> None:
+        if not isinstance(item, EventItem):
+            return
+        if self._event_keys.get(item.event_id) == key:
+            del self._event_keys[item.event_id]
+        if item.in_reply_to is not None:
+            quoting = self._quoting.get(item.in_reply_to.event_id)
+            if quoting is not None:
+                quoting.discard(key)
+                if not quoting:
+                    del self._quoting[item.in_reply_to.event_id]
+
+    def prepend_window(self, window: Window, generation: int | None = None) -> list[VectorDiff]:
+        """Older retained rows read from the store, inserted at the front; rows past the
+        bound go at the newest end. A read begun before a reload is dropped."""
         diffs: list[VectorDiff] = []
-        if not window.events:
+        if not window.events or (generation is not None and generation != self.generation):
             return diffs
-        rows = [row for row in self._rows(window.events, window.gaps) if not self._contains(row[0])]
+        rows = [row for row in self._rows(window) if not self._contains(row[0])]
         for key, item in rows:
             diffs.append(self._insert(key, item))
         if self._low is None or window.events[0].key < self._low:
             self._low = window.events[0].key
+        diffs.extend(self._bound())
+        return diffs
+
+    def _bound(self, *, newest: bool = True) -> list[VectorDiff]:
+        """Keep at most ``max_rows`` rows.
+
+        Rows that landed at the front (scrolling back) push rows out at the newest
+        end: the window leaves the live end, and updates newer than its newest row
+        are not shown until it reloads. Rows that landed at the end (the live end
+        moving on) push rows out at the oldest end, as scrolling back would load
+        them again; the top of a window is never a gap or marker row.
+        """
+        diffs: list[VectorDiff] = []
+        if len(self._items) <= self.max_rows:
+            return diffs
+        if newest:
+            while len(self._items) > self.max_rows:
+                key = self._keys.pop()
+                self._untrack(key, self._items.pop())
+                diffs.append(Remove(len(self._items)))
+            if self._keys:
+                self._high = self._keys[-1][:2]
+            return diffs
+        while self._items and (
+            len(self._items) > self.max_rows or not isinstance(self._items[0], EventItem)
+        ):
+            key = self._keys.pop(0)
+            self._untrack(key, self._items.pop(0))
+            diffs.append(Remove(0))
+        self.complete_below = False
+        self._low = self._keys[0][:2] if self._keys else None
         return diffs
 
     # -- the diff builder ------------------------------------------------------------------
@@ -191,15 +311,44 @@ class Timeline:
                 return
             pending, self._pending = self._pending, []
             diffs: list[VectorDiff] = []
+            first = self._keys[0] if self._keys else None
+            members: dict[str, Member] = {}
             for update in pending:
+                if isinstance(update, MembersUpdated):
+                    for record in update.members:
+                        members[record.user_id] = Member(
+                            user_id=record.user_id,
+                            display_name=record.display_name,
+                            membership=record.membership,
+                        )
+                    continue
                 diffs.extend(self._apply(update))
+            grew_at_front = first is not None and bool(self._keys) and self._keys[0] < first
+            diffs.extend(self._bound(newest=grew_at_front))
             if diffs:
-                await self._publish(TimelineChanged(self.room_id, tuple(diffs)))
+                await self._publish(TimelineChanged(self.room_id, tuple(diffs), self.thread_root))
+            if members and self.thread_root is None:
+                ordered = tuple(members[u] for u in sorted(members))
+                await self._publish(MembersChanged(self.room_id, ordered))
+        self.note_quotes()
+
+    def note_quotes(self) -> None:
+        if self._on_quotes is not None and not self.closed:
+            wanted = self.pending_quotes()
+            if wanted:
+                self._on_quotes(wanted)
 
     async def publish_diffs(self, diffs: Sequence[VectorDiff]) -> None:
         async with self._lock:
             if diffs and not self.closed:
-                await self._publish(TimelineChanged(self.room_id, tuple(diffs)))
+                await self._publish(TimelineChanged(self.room_id, tuple(diffs), self.thread_root))
+        self.note_quotes()
+
+    async def publish_event(self, event: Event) -> None:
+        """Publish a room event in line with the timeline's diffs (typing, members)."""
+        async with self._lock:
+            if not self.closed:
+                await self._publish(event)
 
     async def close(self, last: Callable[[], Awaitable[None]]) -> None:
         """Stop publishing; ``last`` (the room's ``Idle``) is the final event for the room."""
@@ -209,11 +358,20 @@ class Timeline:
             await last()
 
     def _visible(self, key: Key) -> bool:
+        if self._high is not None and key > self._high:
+            return False
         return self.complete_below or (self._low is not None and key >= self._low)
 
-    def _contains(self, key: RowKey) -> bool:
+    def _index(self, key: RowKey) -> int | None:
         i = bisect.bisect_left(self._keys, key)
-        return i < len(self._keys) and self._keys[i] == key
+        return i if i < len(self._keys) and self._keys[i] == key else None
+
+    def _contains(self, key: RowKey) -> bool:
+        return self._index(key) is not None
+
+    def _item_at(self, key: RowKey) -> TimelineItem | None:
+        i = self._index(key)
+        return None if i is None else self._items[i]
 
     def _insert(self, key: RowKey, item: TimelineItem) -> VectorDiff:
         i = bisect.bisect_left(self._keys, key)
@@ -222,40 +380,47 @@ class Timeline:
         return Insert(i, item)
 
     def _remove(self, key: RowKey) -> VectorDiff | None:
-        i = bisect.bisect_left(self._keys, key)
-        if i < len(self._keys) and self._keys[i] == key:
-            del self._keys[i]
-            del self._items[i]
-            return Remove(i)
-        return None
+        i = self._index(key)
+        if i is None:
+            return None
+        self._untrack(key, self._items[i])
+        del self._keys[i]
+        del self._items[i]
+        return Remove(i)
 
     def _set(self, key: RowKey, item: TimelineItem) -> VectorDiff | None:
-        i = bisect.bisect_left(self._keys, key)
-        if i < len(self._keys) and self._keys[i] == key:
-            if self._items[i] == item:
-                return None
-            self._items[i] = item
-            return Set(i, item)
-        return None
+        i = self._index(key)
+        if i is None or self._items[i] == item:
+            return None
+        old = self._items[i]
+        self._untrack(key, old)
+        if isinstance(item, EventItem):
+            self._track(key, item)
+        self._items[i] = item
+        return Set(i, item)
 
     def _apply(self, update: Update) -> list[VectorDiff]:
         out: list[VectorDiff] = []
         match update:
-            case EventsAdded(ord=ord_, pos=pos, events=events):
-                by_event: dict[str, list[str]] = {}
-                for user, event_id in self._receipts.items():
-                    by_event.setdefault(event_id, []).append(user)
+            case EventsAdded(ord=ord_, pos=pos, events=events, items=items, shown=shown):
+                rows = items if items is not None else [render(e, None) for e in events]
+                flags = shown if shown is not None else (True,) * len(events)
+                by_event = self._readers()
                 appended: list[TimelineItem] = []
-                for i, event in enumerate(events):
+                for i, item in enumerate(rows):
                     key = (ord_, pos + i, 1)
+                    if not flags[i]:
+                        if self._visible(key[:2]):
+                            self._hidden.append(item.event_id)
+                        out.extend(self._quoted(item))  # a hidden event may still be quoted
+                        continue
                     if not self._visible(key[:2]) or self._contains(key):
                         continue
-                    item = event_item(event, by_event.get(event.event_id, ()))
-                    self._event_keys[event.event_id] = key
-                    rows = [(key, item)]
-                    if event.event_id == self._fully_read:
-                        rows.append(((ord_, pos + i, 2), ReadMarkerItem()))
-                    for row_key, row in rows:
+                    self._track(key, item)
+                    placed = [(key, replace(item, receipts=by_event.get(item.event_id, ())))]
+                    if item.event_id == self._fully_read:
+                        placed.append(((ord_, pos + i, 2), ReadMarkerItem()))
+                    for row_key, row in placed:
                         if not self._keys or row_key > self._keys[-1]:
                             # Appends at the end batch into one diff.
                             self._keys.append(row_key)
@@ -268,8 +433,10 @@ class Timeline:
                         out.append(self._insert(row_key, row))
                     if self._low is None or key[:2] < self._low:
                         self._low = key[:2]
-                if appended:
-                    out.append(Append(tuple(appended)))
+                    if appended:
+                        out.append(Append(tuple(appended)))
+                        appended = []
+                    out.extend(self._quoted(item))
             case GapAdded(gap=gap) | GapChanged(gap=gap):
                 if gap.is_top:
                     return out
@@ -279,7 +446,7 @@ class Timeline:
                     diff = self._set(key, item)
                     if diff is not None:
                         out.append(diff)
-                elif self._gap_shown(gap):
+                elif self._gap_shown(gap, key):
                     out.append(self._insert(key, item))
             case GapRemoved(gap=gap):
                 diff = self._remove((gap.newer_ord, _GAP_POS, 0))
@@ -287,14 +454,51 @@ class Timeline:
                     out.append(diff)
             case ReceiptsChanged(receipts=receipts, fully_read=fully_read):
                 out.extend(self._move_receipts(dict(receipts), fully_read))
+            case RowChanged(item=item):
+                key = self._event_keys.get(item.event_id)
+                if key is not None:
+                    current = self._item_at(key)
+                    if isinstance(current, EventItem):
+                        quote = item.in_reply_to
+                        if quote is not None and current.in_reply_to is not None:
+                            quote = _better(current.in_reply_to, quote)
+                        diff = self._set(
+                            key, replace(item, receipts=current.receipts, in_reply_to=quote)
+                        )
+                        if diff is not None:
+                            out.append(diff)
+                out.extend(self._quoted(item))
+            case DetachedStored(event_id=event_id, item=item):
+                quote = reply_preview(event_id, item, unavailable=item is None)
+                out.extend(self._requote(event_id, quote))
         return out
 
-    def _gap_shown(self, gap: GapRecord) -> bool:
-        """A gap row needs a loaded event on each side (never the top row)."""
-        if gap.older_ord is None or not self._keys:
+    def _quoted(self, item: EventItem) -> list[VectorDiff]:
+        """Rows quoting ``item`` quote it as it is now."""
+        if item.event_id not in self._quoting:
+            return []
+        return self._requote(item.event_id, preview_of(item))
+
+    def _requote(self, event_id: str, quote: InReplyTo) -> list[VectorDiff]:
+        out: list[VectorDiff] = []
+        for key in sorted(self._quoting.get(event_id, ())):
+            row = self._item_at(key)
+            if isinstance(row, EventItem) and row.in_reply_to is not None:
+                diff = self._set(key, replace(row, in_reply_to=_better(row.in_reply_to, quote)))
+                if diff is not None:
+                    out.append(diff)
+        return out
+
+    def _gap_shown(self, gap: GapRecord, key: RowKey) -> bool:
+        """A gap row needs its older side loaded (the top of a window is never a gap row):
+        its older boundary is a loaded row, or a recent event that is not a row; and it
+        must lie inside the window."""
+        if gap.older_ord is None or not self._keys or key < self._keys[0]:
             return False
-        older = self._event_keys.get(gap.older_boundary or "")
-        return older is not None
+        older = gap.older_boundary or ""
+        if older not in self._event_keys and older not in self._hidden:
+            return False
+        return self._high is None or key[:2] <= self._high
 
     def _move_receipts(self, receipts: dict[str, str], fully_read: str | None) -> list[VectorDiff]:
         out: list[VectorDiff] = []
@@ -305,29 +509,12 @@ class Timeline:
             if event_id is not None and receipts.get(user) != self._receipts.get(user)
         }
         self._receipts = receipts
-        by_event: dict[str, list[str]] = {}
-        for user, event_id in receipts.items():
-            by_event.setdefault(event_id, []).append(user)
+        by_event = self._readers()
         for event_id in sorted(touched):
             key = self._event_keys.get(event_id)
-            if key is None:
-                continue
-            i = bisect.bisect_left(self._keys, key)
-            if i < len(self._keys) and self._keys[i] == key:
-                item = self._items[i]
-                assert isinstance(item, EventItem)
-                new = EventItem(
-                    id=item.id,
-                    event_id=item.event_id,
-                    sender=item.sender,
-                    origin_server_ts=item.origin_server_ts,
-                    event_type=item.event_type,
-                    body=item.body,
-                    edited=item.edited,
-                    redacted=item.redacted,
-                    receipts=tuple(sorted(by_event.get(event_id, ()))),
-                )
-                diff = self._set(key, new)
+            item = None if key is None else self._item_at(key)
+            if key is not None and isinstance(item, EventItem):
+                diff = self._set(key, replace(item, receipts=by_event.get(event_id, ())))
                 if diff is not None:
                     out.append(diff)
         if fully_read is not None and fully_read != self._fully_read:
@@ -341,3 +528,10 @@ class Timeline:
             if new_key is not None:
                 out.append(self._insert((new_key[0], new_key[1], 2), ReadMarkerItem()))
         return out
+
+
+def _better(current: InReplyTo, new: InReplyTo) -> InReplyTo:
+    """A quote never goes back from ready (or unavailable) to pending."""
+    if new.status is ReplyStatus.Pending and current.status is not ReplyStatus.Pending:
+        return current
+    return new

@@ -32,6 +32,42 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias
 
+from gapline.history._commands import (
+    Cancel,
+    CloseRoom,
+    Command,
+    DumpState,
+    EditMessage,
+    FillGap,
+    HistoryRepair,
+    HistoryRepairCommand,
+    MarkRead,
+    OpenRoom,
+    OpenThread,
+    PaginateBackwards,
+    RedactEvent,
+    RetryRecent,
+    SendMessage,
+    SendReaction,
+    SetTyping,
+    ShrinkTimeline,
+    Shutdown,
+)
+from gapline.history._items import (
+    READ_MARKER_ID,
+    EventItem,
+    GapLifecycle,
+    HistoryGapItem,
+    InReplyTo,
+    Member,
+    Reaction,
+    ReadMarkerItem,
+    ReplyStatus,
+    ThreadLatest,
+    ThreadSummary,
+    TimelineItem,
+)
+
 __all__ = [
     "READ_MARKER_ID",
     "Answer",
@@ -43,6 +79,7 @@ __all__ = [
     "Continuity",
     "DiffError",
     "DumpState",
+    "EditMessage",
     "EngineConfig",
     "Event",
     "EventItem",
@@ -55,32 +92,46 @@ __all__ = [
     "HistoryRepairChanged",
     "HistoryRepairCommand",
     "HistoryRepairReport",
+    "InReplyTo",
     "Insert",
     "Interrupted",
     "Invalid",
+    "MarkRead",
+    "Member",
+    "MembersChanged",
     "Ok",
     "OpenRoom",
+    "OpenThread",
     "PaginateBackwards",
     "PushBack",
     "PushFront",
+    "Reaction",
     "ReadMarkerItem",
     "RecentHistoryChanged",
     "RecentHistoryKind",
     "RecentHistoryState",
+    "RedactEvent",
     "Remove",
     "RepairPhase",
     "RepairStop",
+    "ReplyStatus",
     "Reset",
     "RetryRecent",
     "RoomBusy",
     "RoomNotOpen",
     "SendMessage",
+    "SendReaction",
     "Set",
+    "SetTyping",
+    "ShrinkTimeline",
     "Shutdown",
+    "ThreadLatest",
+    "ThreadSummary",
     "TimelineChanged",
     "TimelineItem",
     "TimelineReset",
     "TimelineState",
+    "TypingChanged",
     "VectorDiff",
     "apply_diff",
     "apply_diffs",
@@ -100,7 +151,10 @@ class EngineConfig:
     fails on a room with no events yet; ``open_window`` is how many of the
     newest retained rows an ``OpenRoom`` puts into its ``TimelineReset`` (at
     least 100, so an opened room always shows a screenful and more; older rows
-    load on ``PaginateBackwards``).
+    load on ``PaginateBackwards``); ``timeline_window`` bounds the rows an open
+    room (or thread) holds in memory: scrolling back further drops rows at
+    the newest end, and ``ShrinkTimeline`` (or returning to the live end)
+    reloads the newest ``open_window`` rows as one ``Reset`` diff.
     """
 
     initial_history_limit: int = 20
@@ -108,6 +162,7 @@ class EngineConfig:
     page_budget: int = 4
     recent_pages: int = 4
     open_window: int = 100
+    timeline_window: int = 3000
 
     def __post_init__(self) -> None:
         for name in ("initial_history_limit", "page_size", "page_budget", "recent_pages"):
@@ -124,18 +179,18 @@ class EngineConfig:
                 f"(an opened room shows at least 100 rows), "
                 f"got {self.open_window!r}"
             )
+        if (
+            isinstance(self.timeline_window, bool)
+            or not isinstance(self.timeline_window, int)
+            or self.timeline_window < self.open_window
+        ):
+            raise ValueError(
+                f"EngineConfig.timeline_window must be an integer >= open_window "
+                f"({self.open_window}), got {self.timeline_window!r}"
+            )
 
 
 # --------------------------------------------------------------------------- small enums
-
-
-class GapLifecycle(enum.Enum):
-    """Where a gap row stands. ``Failed`` carries the row's ``failure`` text."""
-
-    Idle = "Idle"
-    Paused = "Paused"
-    Failed = "Failed"
-    Unavailable = "Unavailable"
 
 
 class RepairPhase(enum.Enum):
@@ -200,63 +255,6 @@ RecentHistoryState.LOADING = RecentHistoryState(RecentHistoryKind.Loading)
 RecentHistoryState.LOADED = RecentHistoryState(RecentHistoryKind.Loaded)
 RecentHistoryState.CANCELLED = RecentHistoryState(RecentHistoryKind.Cancelled)
 RecentHistoryState.IDLE = RecentHistoryState(RecentHistoryKind.Idle)
-
-
-# --------------------------------------------------------------------------- timeline items
-
-READ_MARKER_ID = "read-marker"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EventItem:
-    """A room event as the timeline shows it (wire variant ``Event``).
-
-    ``id`` is the row id, stable while the row exists (receipts and selection
-    hang on it); ``body`` is ``None`` for events without a text body (state
-    events, redacted or undecryptable messages); ``receipts`` lists the users
-    whose read receipt sits on this row.
-    """
-
-    id: str
-    event_id: str
-    sender: str
-    origin_server_ts: int
-    event_type: str
-    body: str | None
-    edited: bool = False
-    redacted: bool = False
-    receipts: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HistoryGapItem:
-    """A durable gap between two sections (wire variant ``HistoryGap``).
-
-    ``id`` is the ``gap_id`` that ``FillGap`` takes and survives lifecycle
-    changes. Both boundaries are events of the room: the newest event of the
-    older section and the oldest event of the newer one. ``failure`` is set
-    exactly when ``lifecycle`` is ``Failed``.
-    """
-
-    id: str
-    older_boundary: str
-    newer_boundary: str
-    lifecycle: GapLifecycle = GapLifecycle.Idle
-    failure: str | None = None
-
-    def __post_init__(self) -> None:
-        if (self.lifecycle is GapLifecycle.Failed) != (self.failure is not None):
-            raise ValueError("HistoryGapItem.failure is set exactly when lifecycle is Failed")
-
-
-@dataclass(frozen=True, slots=True)
-class ReadMarkerItem:
-    """The fully-read marker row (wire variant ``ReadMarker``); its id is always ``read-marker``."""
-
-    id: str = READ_MARKER_ID
-
-
-TimelineItem: TypeAlias = EventItem | HistoryGapItem | ReadMarkerItem
 
 
 # --------------------------------------------------------------------------- diffs (eyeball-im VectorDiff)
@@ -365,97 +363,6 @@ class TimelineState:
         return TimelineState(apply_diffs(self.items, diffs))
 
 
-# --------------------------------------------------------------------------- commands
-
-
-@dataclass(frozen=True, slots=True)
-class OpenRoom:
-    """Load retained history and gaps (one ``TimelineReset``), then start a recent load."""
-
-    room_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class CloseRoom:
-    """Stop whatever runs in the room, publish ``Idle``, forget its timeline."""
-
-    room_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class FillGap:
-    room_id: str
-    gap_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class RetryRecent:
-    room_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    room_id: str
-
-
-HistoryRepairCommand: TypeAlias = FillGap | RetryRecent | Cancel
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryRepair:
-    """Wraps a :data:`HistoryRepairCommand` (wire: ``{"HistoryRepair": {"FillGap": ...}}``)."""
-
-    command: HistoryRepairCommand
-
-    @property
-    def room_id(self) -> str:
-        return self.command.room_id
-
-
-@dataclass(frozen=True, slots=True)
-class SendMessage:
-    room_id: str
-    body: str
-
-
-@dataclass(frozen=True, slots=True)
-class PaginateBackwards:
-    """Extension: load up to ``count`` rows older than the oldest loaded row of an open room.
-
-    Retained rows come from the cache first; once the oldest retained event
-    is loaded, the room is paginated on the server (from the oldest section's
-    cursor). New rows land as ``TimelineChanged`` diffs at the front; the
-    answer (``Ok``) comes after them. A call that adds no row means the top of
-    the room's accessible history is loaded. It is a history operation of the
-    room: it answers ``RoomBusy`` while a recent load or a fill runs (and
-    while it runs, they do), and ``Cancel`` interrupts it.
-    """
-
-    room_id: str
-    count: int = 50
-
-    def __post_init__(self) -> None:
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
-            raise ValueError(
-                f"PaginateBackwards.count must be a positive integer, got {self.count!r}"
-            )
-
-
-@dataclass(frozen=True, slots=True)
-class Shutdown:
-    """Close every open room (each publishes ``Idle``) and stop the engine."""
-
-
-@dataclass(frozen=True, slots=True)
-class DumpState:
-    """Extension: ask for the mirror's state. The bridge answers it from its mirror."""
-
-
-Command: TypeAlias = (
-    OpenRoom | CloseRoom | HistoryRepair | SendMessage | PaginateBackwards | Shutdown | DumpState
-)
-
-
 # --------------------------------------------------------------------------- answers
 
 
@@ -542,16 +449,46 @@ class HistoryRepairChanged:
 
 @dataclass(frozen=True, slots=True)
 class TimelineReset:
-    """A room's retained rows as it opens; sent once per open, never for history."""
+    """A room's retained rows as it opens; sent once per open, never for history.
+
+    ``thread_root`` is set for a thread's timeline (``OpenThread``), ``None`` for
+    the room's main timeline.
+    """
 
     room_id: str
     items: tuple[TimelineItem, ...] = field(default=())
+    thread_root: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TimelineChanged:
     room_id: str
     diffs: tuple[VectorDiff, ...] = field(default=())
+    thread_root: str | None = None
 
 
-Event: TypeAlias = RecentHistoryChanged | HistoryRepairChanged | TimelineReset | TimelineChanged
+@dataclass(frozen=True, slots=True)
+class TypingChanged:
+    """Who is typing in an open room now (other than this account)."""
+
+    room_id: str
+    user_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MembersChanged:
+    """Members of an open room whose name or membership changed (all of them as the
+    room opens). A member whose ``membership`` is ``leave`` or ``ban`` left the list."""
+
+    room_id: str
+    members: tuple[Member, ...] = ()
+
+
+Event: TypeAlias = (
+    RecentHistoryChanged
+    | HistoryRepairChanged
+    | TimelineReset
+    | TimelineChanged
+    | TypingChanged
+    | MembersChanged
+)

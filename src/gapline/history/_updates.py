@@ -17,21 +17,43 @@ key (and its timeline row its id) for as long as it is retained.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from gapline.history._types import GapLifecycle
+from gapline.history._aggregates import Aggregate
+from gapline.history._items import EventItem, GapLifecycle
 from gapline.matrix import ClientEvent
 
 __all__ = [
+    "AggregateChanged",
+    "DetachedStored",
+    "EventRewritten",
     "EventsAdded",
     "GapAdded",
     "GapChanged",
     "GapRecord",
     "GapRemoved",
     "Key",
+    "MemberRecord",
+    "MembersUpdated",
     "ReceiptsChanged",
+    "RelationIndexed",
+    "Room",
+    "RowChanged",
+    "RowsHidden",
     "StoredEvent",
     "Update",
 ]
+
+
+class Room(NamedTuple):
+    """A timeline as the tables see it: its local number and its keyed hash (for AAD).
+
+    A room's main timeline and each of its threads' timelines are such a
+    "room" of the tables, each with its own sections and gaps."""
+
+    rid: int
+    key: bytes
+
 
 Key = tuple[int, int]
 """``(ord, pos)``: where an event sits in its room."""
@@ -44,6 +66,7 @@ class StoredEvent:
     ord: int
     pos: int
     event: ClientEvent
+    sender_name: str | None = None
 
     @property
     def key(self) -> Key:
@@ -81,11 +104,23 @@ class GapRecord:
 @dataclass(frozen=True, slots=True)
 class EventsAdded:
     """Events placed at consecutive positions ``pos, pos+1, ...`` of section ``ord``,
-    oldest first."""
+    oldest first.
+
+    ``items`` are their rows as the relation rules made them (``None`` until
+    ``Sections`` admitted them; a reader given none renders the bare events),
+    ``shown`` which of them are rows of this timeline (an edit, a reaction, a
+    redaction or a thread reply is kept for continuity but is not a row of the
+    room). ``events`` are as stored: one the cache holds a redaction for is
+    stored without its content.
+    """
 
     ord: int
     pos: int
     events: tuple[ClientEvent, ...]
+    items: tuple[EventItem, ...] | None = None
+    shown: tuple[bool, ...] | None = None
+    aggregates: tuple[Aggregate | None, ...] | None = None
+    """What relations made of each event when it arrived (stored with the room's rows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,4 +150,85 @@ class ReceiptsChanged:
     fully_read: str | None
 
 
-Update = EventsAdded | GapAdded | GapChanged | GapRemoved | ReceiptsChanged
+@dataclass(frozen=True, slots=True)
+class RowChanged:
+    """An event already retained shows differently now (edited, redacted, reacted to, its
+    thread grew): wherever its row is loaded, in the room or in a thread, it becomes
+    ``item``; replies quoting it quote the new text."""
+
+    item: EventItem
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateChanged:
+    """What the cache holds about events from their relations (stored; not rows), as
+    ``(target, aggregate, on_row)``: ``on_row`` says the retained event's row still needs
+    the copy (an event placed in the same batch got it with its row)."""
+
+    entries: tuple[tuple[str, Aggregate, bool], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EventRewritten:
+    """A retained event is stored again as ``event`` (a redaction purged its content);
+    ``room`` is the timeline holding it when it is not the one being changed (a
+    thread's copy of a thread reply)."""
+
+    key: Key
+    event: ClientEvent
+    sender_name: str | None
+    room: Room | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RowsHidden:
+    """Retained events that are not rows after all (an upgrade classified them: edits,
+    reactions, redactions, thread replies retained before the relation rules existed)."""
+
+    keys: tuple[Key, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RelationIndexed:
+    """Relation events seen, by (event id, target id, kind): each takes effect once."""
+
+    entries: tuple[tuple[str, str, str], ...]
+
+
+class MemberRecord(NamedTuple):
+    user_id: str
+    display_name: str | None
+    membership: str
+
+
+@dataclass(frozen=True, slots=True)
+class MembersUpdated:
+    """The room's current member state changed for these members."""
+
+    members: tuple[MemberRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DetachedStored:
+    """An event fetched on its own (a replied-to event, with ``/context``) was stored, or
+    the server would not return it (``item`` ``None``): replies quoting it can say so."""
+
+    event_id: str
+    event: ClientEvent | None
+    item: EventItem | None
+
+
+Update = (
+    EventsAdded
+    | GapAdded
+    | GapChanged
+    | GapRemoved
+    | ReceiptsChanged
+    | RowChanged
+    | AggregateChanged
+    | EventRewritten
+    | RelationIndexed
+    | RowsHidden
+    | MembersUpdated
+    | DetachedStored
+)

@@ -16,6 +16,11 @@ settles its outcome before it answers:
 
 The answer is returned only after the outcome was published and the room's
 timeline flushed.
+
+An open thread (``OpenThread``) runs the same operations on its own timeline
+and slot: its recent load and fills walk ``/relations`` instead of
+``/messages`` (the root joins the top once the walk reaches it), and it
+publishes no ``RecentHistoryChanged`` (that event is the room's).
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from gapline.history._types import (
     RepairStop,
     RoomBusy,
 )
-from gapline.matrix import MatrixClient, MessagesResponse, Request
+from gapline.matrix import MatrixClient, MessagesResponse, RelationsResponse, Request
 from gapline.storage import StorageError
 
 __all__ = ["OFFLINE", "Walks"]
@@ -99,16 +104,37 @@ class Walks:
         assert client is not None
 
         async def fetch(request: Request) -> MessagesResponse:
-            return await client.request(request, MessagesResponse)
+            if room.thread_root is None:
+                return await client.request(request, MessagesResponse)
+            page = await client.request(request, RelationsResponse)
+            chunk = list(page.chunk)
+            if page.next_batch is None and room.root_event is not None:
+                chunk.append(room.root_event)  # the start of a thread is its root
+            return MessagesResponse(chunk=chunk, start="", end=page.next_batch)
 
         async def commit(at: WalkState, effect: Commit) -> PageResult:
             then = GapLifecycle.Paused if pause_at_budget and effect.last else None
             return await self._commits.room_write(
-                room.room_id, lambda s: s.walk_page(at, effect.chunk, effect.end, then=then)
+                room.room_id,
+                lambda s: s.walk_page(at, effect.chunk, effect.end, then=then),
+                thread_root=room.thread_root,
             )
 
-        return await drive(
-            flow, state, fetch=fetch, commit=commit, flush=room.timeline.flush_history
+        return await drive(flow, state, fetch=fetch, commit=commit, flush=lambda: self.flush(room))
+
+    async def flush(self, room: Room) -> None:
+        """Apply what the cache queued to the room's timeline and its threads'."""
+        parent = self._rooms.get(room.room_id)
+        if parent is None:
+            await room.timeline.flush_history()
+            return
+        await parent.timeline.flush_history()
+        for thread in list(parent.threads.values()):
+            await thread.timeline.flush_history()
+
+    def _walk(self, room: Room, cursor: str | None, *, page_size: int, budget: int) -> WalkFlow:
+        return backwards_walk(
+            room.room_id, cursor, page_size=page_size, budget=budget, thread_root=room.thread_root
         )
 
     # -- recent load -----------------------------------------------------------------------
@@ -117,7 +143,8 @@ class Walks:
         if room.room_id not in self._rooms:
             return
         room.recent = state
-        await self._publish(RecentHistoryChanged(room.room_id, state))
+        if room.thread_root is None:
+            await self._publish(RecentHistoryChanged(room.room_id, state))
 
     async def start_recent(self, room: Room) -> Operation:
         """Start the room's recent load (its slot must be free); returns without waiting."""
@@ -137,16 +164,20 @@ class Walks:
         if self._client is None:
             await self._set_recent(room, RecentHistoryState.failed(OFFLINE))
             return Failed(OFFLINE)
-        flow = backwards_walk(
-            room.room_id, None, page_size=self._config.page_size, budget=self._config.recent_pages
+        flow = self._walk(
+            room, None, page_size=self._config.page_size, budget=self._config.recent_pages
         )
         outcome = await self._drive(room, flow, WalkState())
-        if outcome.end is WalkEnd.Failed and not room.timeline.has_events():
+        if (
+            outcome.end is WalkEnd.Failed
+            and not room.timeline.has_events()
+            and room.thread_root is None
+        ):
             await self._initial_fallback(room)
         return await shielded(self._settle_recent(room, outcome))
 
     async def _settle_recent(self, room: Room, outcome: WalkOutcome) -> Answer:
-        await room.timeline.flush_history()
+        await self.flush(room)
         if outcome.end is WalkEnd.Cancelled:
             await self._set_recent(room, RecentHistoryState.CANCELLED)
             return Interrupted()
@@ -186,7 +217,7 @@ class Walks:
     async def fill_gap(self, room: Room, gap_id: str) -> Answer:
         """``FillGap``: walk the gap from its cursor for up to the page budget."""
         room_id = room.room_id
-        gap = await self._store.gap(room_id, gap_id)
+        gap = await self._store.gap(room_id, gap_id, thread_root=room.thread_root)
         if gap is None or gap.is_top:
             return EventNotFound()
         if gap.lifecycle is GapLifecycle.Unavailable:
@@ -217,7 +248,7 @@ class Walks:
         launched = False
         try:
             # Read the cursor again now that nothing else can move it.
-            current = await self._store.gap(room_id, gap_id)
+            current = await self._store.gap(room_id, gap_id, thread_root=room.thread_root)
             if current is None:
                 return EventNotFound()
             await self._publish(
@@ -238,11 +269,8 @@ class Walks:
                 WalkEnd.Failed, 0, 0, "this gap has no pagination cursor to fill it from"
             )
         else:
-            flow = backwards_walk(
-                room.room_id,
-                cursor,
-                page_size=self._config.page_size,
-                budget=self._config.page_budget,
+            flow = self._walk(
+                room, cursor, page_size=self._config.page_size, budget=self._config.page_budget
             )
             outcome = await self._drive(room, flow, state, pause_at_budget=True)
         return await shielded(self._settle_fill(room, gap_id, outcome))
@@ -282,9 +310,11 @@ class Walks:
         if lifecycle is not None:
             with contextlib.suppress(StorageError):
                 await self._commits.room_write(
-                    room.room_id, lambda s: s.set_gap_state(gap_id, lifecycle, failure)
+                    room.room_id,
+                    lambda s: s.set_gap_state(gap_id, lifecycle, failure),
+                    thread_root=room.thread_root,
                 )
-        await room.timeline.flush_history()
+        await self.flush(room)
         if room.room_id in self._rooms:
             await self._publish(HistoryRepairChanged(report))
         return answer
@@ -307,19 +337,24 @@ class Walks:
     async def _paginate(self, room: Room, count: int) -> Answer:
         timeline = room.timeline
         try:
-            await timeline.flush_history()
+            await self.flush(room)
             remaining = count
             if not timeline.complete_below and timeline.low is not None:
-                window = await self._store.load_older(room.room_id, timeline.low, count)
+                generation = timeline.generation
+                window = await self._store.load_older(
+                    room.room_id, timeline.low, count, thread_root=room.thread_root
+                )
+                if generation != timeline.generation:
+                    return Ok()  # the window was reloaded meanwhile: this read is stale
                 if len(window.events) < count:
                     timeline.complete_below = True
-                await timeline.publish_diffs(timeline.prepend_window(window))
+                await timeline.publish_diffs(timeline.prepend_window(window, generation))
                 remaining -= len(window.events)
                 if remaining <= 0:
                     return Ok()
             if self._client is None:
                 return Ok()
-            top = await self._store.top_gap(room.room_id)
+            top = await self._store.top_gap(room.room_id, thread_root=room.thread_root)
             if top is not None and (
                 top.cursor is None or top.lifecycle is GapLifecycle.Unavailable
             ):
@@ -327,8 +362,8 @@ class Walks:
             # The first page finds the head of the oldest section in its own transaction.
             state = WalkState(None, None if top is None else top.gap_id)
             page_size = min(remaining, self._config.page_size)
-            flow = backwards_walk(
-                room.room_id,
+            flow = self._walk(
+                room,
                 None if top is None else top.cursor,
                 page_size=page_size,
                 budget=-(-remaining // page_size),
@@ -336,11 +371,11 @@ class Walks:
             outcome = await self._drive(room, flow, state)
         except asyncio.CancelledError:
             uncancel()
-            await timeline.flush_history()
+            await self.flush(room)
             return Interrupted()
         except StorageError as exc:
             return Failed(describe(exc))
-        await timeline.flush_history()
+        await self.flush(room)
         if outcome.end is WalkEnd.Cancelled:
             return Interrupted()
         if outcome.end is WalkEnd.Failed:

@@ -24,6 +24,7 @@ from gapline.history._types import (
     Clear,
     CloseRoom,
     DumpState,
+    EditMessage,
     EventItem,
     EventNotFound,
     Failed,
@@ -32,11 +33,16 @@ from gapline.history._types import (
     HistoryRepair,
     HistoryRepairChanged,
     HistoryRepairReport,
+    InReplyTo,
     Insert,
     Interrupted,
     Invalid,
+    MarkRead,
+    Member,
+    MembersChanged,
     Ok,
     OpenRoom,
+    OpenThread,
     PaginateBackwards,
     PushBack,
     PushFront,
@@ -44,17 +50,23 @@ from gapline.history._types import (
     RecentHistoryChanged,
     RecentHistoryKind,
     RecentHistoryState,
+    RedactEvent,
     Remove,
     Reset,
     RetryRecent,
     RoomBusy,
     RoomNotOpen,
     SendMessage,
+    SendReaction,
     Set,
+    SetTyping,
+    ShrinkTimeline,
     Shutdown,
+    ThreadSummary,
     TimelineChanged,
     TimelineItem,
     TimelineReset,
+    TypingChanged,
     VectorDiff,
 )
 
@@ -115,22 +127,74 @@ def _recent_state(state: RecentHistoryState) -> Json:
     return state.kind.value
 
 
+def _with(base: dict[str, Json], **optional: Json) -> dict[str, Json]:
+    """``base`` plus each optional field that is set (serde's ``skip_serializing_if``):
+    a value written before the field existed keeps its exact JSON."""
+    base.update((k, v) for k, v in optional.items() if v is not None)
+    return base
+
+
+def _reply(reply: InReplyTo) -> dict[str, Json]:
+    return {
+        "event_id": reply.event_id,
+        "status": reply.status.value,
+        "sender": reply.sender,
+        "sender_name": reply.sender_name,
+        "body": reply.body,
+        "redacted": reply.redacted,
+    }
+
+
+def _thread(summary: ThreadSummary) -> dict[str, Json]:
+    latest = summary.latest
+    return {
+        "count": summary.count,
+        "latest": None
+        if latest is None
+        else {
+            "event_id": latest.event_id,
+            "sender": latest.sender,
+            "sender_name": latest.sender_name,
+            "body": latest.body,
+            "redacted": latest.redacted,
+        },
+        "participated": summary.participated,
+    }
+
+
+def _member(member: Member) -> dict[str, Json]:
+    return {
+        "user_id": member.user_id,
+        "display_name": member.display_name,
+        "membership": member.membership,
+    }
+
+
 def _item(item: TimelineItem) -> dict[str, Json]:
     match item:
         case EventItem():
             return _tag(
                 "Event",
-                {
-                    "id": item.id,
-                    "event_id": item.event_id,
-                    "sender": item.sender,
-                    "origin_server_ts": item.origin_server_ts,
-                    "event_type": item.event_type,
-                    "body": item.body,
-                    "edited": item.edited,
-                    "redacted": item.redacted,
-                    "receipts": list(item.receipts),
-                },
+                _with(
+                    {
+                        "id": item.id,
+                        "event_id": item.event_id,
+                        "sender": item.sender,
+                        "origin_server_ts": item.origin_server_ts,
+                        "event_type": item.event_type,
+                        "body": item.body,
+                        "edited": item.edited,
+                        "redacted": item.redacted,
+                        "receipts": list(item.receipts),
+                    },
+                    sender_name=item.sender_name,
+                    in_reply_to=None if item.in_reply_to is None else _reply(item.in_reply_to),
+                    reactions=[{"key": r.key, "senders": list(r.senders)} for r in item.reactions]
+                    or None,
+                    thread_summary=None
+                    if item.thread_summary is None
+                    else _thread(item.thread_summary),
+                ),
             )
         case HistoryGapItem():
             return _tag(
@@ -168,11 +232,25 @@ def _diff(diff: VectorDiff) -> Json:
 
 
 def _state(state: State) -> dict[str, Json]:
-    return {
-        "recent_history": {r: _recent_state(s) for r, s in sorted(state.recent_history.items())},
-        "repairs": {r: _report(rep) for r, rep in sorted(state.repairs.items())},
-        "timelines": {r: [_item(i) for i in items] for r, items in sorted(state.timelines.items())},
-    }
+    return _with(
+        {
+            "recent_history": {
+                r: _recent_state(s) for r, s in sorted(state.recent_history.items())
+            },
+            "repairs": {r: _report(rep) for r, rep in sorted(state.repairs.items())},
+            "timelines": {
+                r: [_item(i) for i in items] for r, items in sorted(state.timelines.items())
+            },
+        },
+        threads={
+            r: {root: [_item(i) for i in items] for root, items in sorted(roots.items())}
+            for r, roots in sorted(state.threads.items())
+        }
+        or None,
+        typing={r: list(users) for r, users in sorted(state.typing.items())} or None,
+        members={r: [_member(m) for m in members] for r, members in sorted(state.members.items())}
+        or None,
+    )
 
 
 def to_wire(value: object) -> Json:
@@ -191,10 +269,35 @@ def to_wire(value: object) -> Json:
             return _tag("RetryRecent", {"room_id": room_id})
         case Cancel(room_id=room_id):
             return _tag("Cancel", {"room_id": room_id})
-        case SendMessage(room_id=room_id, body=body):
-            return _tag("SendMessage", {"room_id": room_id, "body": body})
-        case PaginateBackwards(room_id=room_id, count=count):
-            return _tag("PaginateBackwards", {"room_id": room_id, "count": count})
+        case SendMessage(room_id=room_id, body=body, in_reply_to=reply, thread_root=root):
+            return _tag(
+                "SendMessage",
+                _with({"room_id": room_id, "body": body}, in_reply_to=reply, thread_root=root),
+            )
+        case PaginateBackwards(room_id=room_id, count=count, thread_root=root):
+            return _tag(
+                "PaginateBackwards",
+                _with({"room_id": room_id, "count": count}, thread_root=root),
+            )
+        case SendReaction(room_id=room_id, event_id=event_id, key=key):
+            return _tag("SendReaction", {"room_id": room_id, "event_id": event_id, "key": key})
+        case RedactEvent(room_id=room_id, event_id=event_id, reason=reason):
+            return _tag(
+                "RedactEvent", _with({"room_id": room_id, "event_id": event_id}, reason=reason)
+            )
+        case EditMessage(room_id=room_id, event_id=event_id, body=body):
+            return _tag("EditMessage", {"room_id": room_id, "event_id": event_id, "body": body})
+        case MarkRead(room_id=room_id, event_id=event_id, private=private):
+            return _tag(
+                "MarkRead",
+                _with({"room_id": room_id, "event_id": event_id}, private=private or None),
+            )
+        case OpenThread(room_id=room_id, thread_root=root):
+            return _tag("OpenThread", {"room_id": room_id, "thread_root": root})
+        case ShrinkTimeline(room_id=room_id, thread_root=root):
+            return _tag("ShrinkTimeline", _with({"room_id": room_id}, thread_root=root))
+        case SetTyping(room_id=room_id, typing=typing):
+            return _tag("SetTyping", {"room_id": room_id, "typing": typing})
         case Shutdown():
             return "Shutdown"
         case DumpState():
@@ -219,10 +322,22 @@ def to_wire(value: object) -> Json:
             return _tag("RecentHistoryChanged", {"room_id": room_id, "state": _recent_state(state)})
         case HistoryRepairChanged(report=report):
             return _tag("HistoryRepairChanged", _report(report))
-        case TimelineReset(room_id=room_id, items=items):
-            return _tag("TimelineReset", {"room_id": room_id, "items": [_item(i) for i in items]})
-        case TimelineChanged(room_id=room_id, diffs=diffs):
-            return _tag("TimelineChanged", {"room_id": room_id, "diffs": [_diff(d) for d in diffs]})
+        case TimelineReset(room_id=room_id, items=items, thread_root=root):
+            return _tag(
+                "TimelineReset",
+                _with({"room_id": room_id, "items": [_item(i) for i in items]}, thread_root=root),
+            )
+        case TimelineChanged(room_id=room_id, diffs=diffs, thread_root=root):
+            return _tag(
+                "TimelineChanged",
+                _with({"room_id": room_id, "diffs": [_diff(d) for d in diffs]}, thread_root=root),
+            )
+        case TypingChanged(room_id=room_id, user_ids=user_ids):
+            return _tag("TypingChanged", {"room_id": room_id, "user_ids": list(user_ids)})
+        case MembersChanged(room_id=room_id, members=members):
+            return _tag(
+                "MembersChanged", {"room_id": room_id, "members": [_member(m) for m in members]}
+            )
         # parts
         case EventItem() | HistoryGapItem() | ReadMarkerItem():
             return _item(value)

@@ -27,6 +27,8 @@ class RoomSummary:
     name: str | None = None
     alias: str | None = None
     unread: int = 0
+    highlights: int = 0
+    """Unread messages that mention this account (the server's ``highlight_count``)."""
 
     @property
     def label(self) -> str:
@@ -78,15 +80,18 @@ class RoomDirectory:
     def observe(self, response: SyncResponse) -> None:
         """Take one sync answer: joined rooms are added or renamed, left rooms dropped.
 
-        ``unread`` is the server's ``notification_count``, which a sync
-        carries for every joined room it mentions.
+        ``unread`` is the server's ``notification_count`` and ``highlights`` its
+        ``highlight_count``, which a sync carries for every joined room it mentions.
         """
         changed = False
         for room_id, joined in response.rooms.join.items():
             before = self._rooms.get(room_id) or RoomSummary(room_id)
             after = _naming(joined.state.events, before)
             after = _naming(joined.timeline.events, after)
-            after = replace(after, unread=joined.unread_notifications.notification_count)
+            counts = joined.unread_notifications
+            after = replace(
+                after, unread=counts.notification_count, highlights=counts.highlight_count
+            )
             if after != self._rooms.get(room_id):
                 self._rooms[room_id] = after
                 changed = True

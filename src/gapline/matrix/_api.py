@@ -52,9 +52,11 @@ __all__ = [
     "send_event",
     "send_receipt",
     "send_to_device",
+    "set_displayname",
     "set_read_markers",
     "sync",
     "sync_filter",
+    "typing",
     "upload_media",
     "versions",
     "whoami",
@@ -593,3 +595,24 @@ def send_to_device(
     """
     body = {"messages": {u: {d: dict(c) for d, c in by.items()} for u, by in messages.items()}}
     return Request("PUT", _path(CLIENT_V3, "sendToDevice", event_type, txn_id), json=body)
+
+
+# -- timeline: typing and profile ---------------------------------------------------------
+
+
+def typing(room_id: str, user_id: str, *, typing: bool, timeout_ms: int = 30_000) -> Request:
+    """``PUT /rooms/{roomId}/typing/{userId}``: start (for ``timeout_ms``) or stop typing."""
+    body: dict[str, Any] = {"typing": typing}
+    if typing:
+        body["timeout"] = timeout_ms
+    return Request("PUT", _path(CLIENT_V3, "rooms", room_id, "typing", user_id), json=body)
+
+
+def set_displayname(user_id: str, displayname: str) -> Request:
+    """``PUT /profile/{userId}/displayname`` (the server updates every joined room's member
+    event)."""
+    return Request(
+        "PUT",
+        _path(CLIENT_V3, "profile", user_id, "displayname"),
+        json={"displayname": displayname},
+    )

@@ -647,3 +647,21 @@ class MatrixClient(KeysEndpoints):
         if not server_name or not media_id:
             raise ValueError(f"not an mxc:// URI: {mxc_uri!r}")
         return await self.request_bytes(_api.download_media(server_name, media_id))
+
+    # -- timeline: typing, reactions, profile ----------------------------------------------
+
+    async def set_typing(self, room_id: str, *, typing: bool, timeout_ms: int = 30_000) -> None:
+        """Tell the room this user is typing (for ``timeout_ms``) or stopped."""
+        await self.request(
+            _api.typing(room_id, self._me(), typing=typing, timeout_ms=timeout_ms), EmptyResponse
+        )
+
+    async def send_reaction(
+        self, room_id: str, event_id: str, key: str, txn_id: str | None = None
+    ) -> str:
+        """React to ``event_id`` with ``key`` (an ``m.annotation``); returns the reaction's id."""
+        content = {"m.relates_to": {"rel_type": "m.annotation", "event_id": event_id, "key": key}}
+        return await self.send_event(room_id, "m.reaction", content, txn_id)
+
+    async def set_displayname(self, displayname: str) -> None:
+        await self.request(_api.set_displayname(self._me(), displayname), EmptyResponse)

@@ -9,8 +9,9 @@ app mounts and closed (every room publishing ``Idle``) before the app exits.
 
 Published events reach the app as messages, so they are applied on the
 Textual loop, in publish order, by one handler: a :class:`Mirror` keeps every
-open room's rows and the timeline pane applies the current room's diffs in
-place.
+open room's rows (and threads', members, who types) and the timeline pane
+applies the diffs of what it shows (the room, or one of its threads) in place.
+Row actions (reply, edit, delete, react, thread, read) are in ``_actions``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from gapline.history import (
     Insert,
     Interrupted,
     Invalid,
+    MembersChanged,
     Mirror,
     MirrorError,
     Ok,
@@ -59,14 +61,15 @@ from gapline.history import (
     RetryRecent,
     RoomBusy,
     RoomNotOpen,
-    SendMessage,
     TimelineChanged,
     TimelineReset,
+    TypingChanged,
     VectorDiff,
 )
 from gapline.history import Event as EngineEventValue
 from gapline.history.rooms import RoomDirectory, RoomSummary
-from gapline.tui._text import FillProgress, recent_label
+from gapline.tui._actions import PLACEHOLDER, RowActions
+from gapline.tui._text import FillProgress, recent_label, sender_colour, sender_label, typing_label
 from gapline.tui._timeline import TimelineView
 
 log = logging.getLogger(__name__)
@@ -113,7 +116,7 @@ def _inserted_events(diffs: tuple[VectorDiff, ...]) -> int:
     )
 
 
-class GaplineApp(App[int]):
+class GaplineApp(RowActions, App[int]):
     """``gapline tui``: read rooms, see every gap where it is, fill it with one key."""
 
     TITLE = "gapline"
@@ -133,6 +136,11 @@ class GaplineApp(App[int]):
     #status.-failed { color: $text-error; }
     #compose { height: 1; border: none; padding: 0 1; background: $surface; }
     #compose:focus { border: none; background: $boost; }
+    #typing { height: 1; padding: 0 1; color: $text-muted; text-style: italic; display: none; }
+    #typing.-typing { display: block; }
+    #members { width: 26; height: 1fr; padding: 0 1; border-left: solid $panel-lighten-2;
+               display: none; }
+    #members.-shown { display: block; }
     """
 
     BINDINGS = [
@@ -142,6 +150,14 @@ class GaplineApp(App[int]):
         Binding("b,pageup", "scroll_back", "Back"),
         Binding("tab", "focus_next", "Switch pane"),
         Binding("i", "compose", "Write", show=False),
+        Binding("a", "reply", "Reply", show=False),
+        Binding("e", "edit", "Edit", show=False),
+        Binding("d", "delete", "Delete", show=False),
+        Binding("plus", "react", "React", show=False),
+        Binding("t", "thread", "Thread", show=False),
+        Binding("m", "members", "Members", show=False),
+        Binding("x", "mark_read", "Mark read", show=False),
+        Binding("l", "live", "Live end", show=False),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -172,6 +188,9 @@ class GaplineApp(App[int]):
         self._engine_worker: Worker[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._fills: dict[str, str] = {}  # room id -> gap id of its running fill
+        self.thread_root: str | None = None  # the thread shown instead of the room, if any
+        self.me: str | None = None  # this account, once the engine says
+        self._marked: dict[str, str] = {}  # room id -> the event MarkRead last named
 
     # -- layout --------------------------------------------------------------------------
 
@@ -185,13 +204,17 @@ class GaplineApp(App[int]):
                     yield ProgressBar(total=self.page_budget, show_eta=False, show_percentage=False)
                     yield Label("", id="fill-label")
                 yield Static("", id="status")
-                yield Input(placeholder="write a message · enter sends · esc leaves", id="compose")
+                yield Static("", id="typing")
+                yield Input(placeholder=PLACEHOLDER, id="compose")
+            yield Static("", id="members")
         yield Footer()
 
     def on_resize(self) -> None:
         # Below 70 columns the room list would squeeze the timeline; the title line
         # still names the room (a hidden widget takes no focus, so tab skips it).
-        self.query_one("#rooms").display = self.size.width >= 70
+        # The member list takes the room list's place when both would not fit.
+        members = self.query_one("#members").has_class("-shown")
+        self.query_one("#rooms").display = self.size.width >= (120 if members else 70)
 
     @property
     def timeline(self) -> TimelineView:
@@ -213,6 +236,8 @@ class GaplineApp(App[int]):
         try:
             async with self._connect(_AppSink(self)) as engine:
                 self._engine = engine
+                self.me = getattr(engine, "me", None)
+                self.timeline.me = self.me
                 self._engine_ready.set()
                 if self.room_id is not None:
                     self.command(OpenRoom(self.room_id))
@@ -320,9 +345,18 @@ class GaplineApp(App[int]):
         view = self.timeline
         if view.at_top:
             if self.room_id is not None:
-                self.command(PaginateBackwards(self.room_id))
+                self.command(PaginateBackwards(self.room_id, thread_root=self.thread_root))
         else:
             view.scroll_page_up(animate=False)
+
+    def on_timeline_view_live_requested(self, _message: TimelineView.LiveRequested) -> None:
+        self.action_live()
+
+    def action_members(self) -> None:
+        panel = self.query_one("#members", Static)
+        panel.set_class(not panel.has_class("-shown"), "-shown")
+        self.on_resize()
+        self._refresh_members()
 
     def action_compose(self) -> None:
         self.query_one("#compose", Input).focus()
@@ -333,11 +367,20 @@ class GaplineApp(App[int]):
         if not body or self.room_id is None:
             return
         event.input.clear()
-        self.command(SendMessage(self.room_id, body))
+        self.submit(body)
+
+    @on(Input.Changed, "#compose")
+    def _typed(self, event: Input.Changed) -> None:
+        self.typed(event.value)
 
     def on_key(self, event) -> None:
-        if event.key == "escape" and self.focused is self.query_one("#compose", Input):
-            self.timeline.focus()
+        if event.key != "escape":
+            return
+        if self.focused is self.query_one("#compose", Input):
+            if not self.leave_mode():
+                self.timeline.focus()
+            event.stop()
+        elif self.leave_thread():
             event.stop()
 
     # -- rooms ---------------------------------------------------------------------------
@@ -352,6 +395,9 @@ class GaplineApp(App[int]):
         """Switch the timeline to ``room_id``, opening it in the engine if needed."""
         if room_id == self.room_id and self.mirror.items(room_id) is not None:
             return
+        if self.room_id is not None and self.mirror.items(self.room_id) is not None:
+            self.action_mark_read()  # leaving a room: read up to where it was shown
+        self.thread_root = None
         self.room_id = room_id
         items = self.mirror.items(room_id)
         self.timeline.selected_id = None
@@ -360,6 +406,8 @@ class GaplineApp(App[int]):
             self.command(OpenRoom(room_id))
         self._refresh_rooms()
         self._refresh_status()
+        self._refresh_typing()
+        self._refresh_members()
         self._show_progress()
 
     def on_rooms_changed(self, _message: RoomsChanged) -> None:
@@ -406,7 +454,12 @@ class GaplineApp(App[int]):
         if self.mirror.state.recent(summary.room_id).kind is RecentHistoryKind.Loading:
             prompt.append(" ⟳", style="italic")
         if summary.unread and summary.room_id != self.room_id:
-            prompt.append(f" ({summary.unread})", style="bold")
+            # A mention of this account makes the count stand out (and says so).
+            mention = summary.highlights > 0
+            count = (
+                f" ({summary.unread} @{summary.highlights})" if mention else f" ({summary.unread})"
+            )
+            prompt.append(count, style="bold reverse" if mention else "bold")
         return prompt
 
     # -- events --------------------------------------------------------------------------
@@ -420,10 +473,20 @@ class GaplineApp(App[int]):
             return
         view = self.timeline
         match event:
-            case TimelineReset(room_id=room_id, items=items):
-                if room_id == self.room_id:
+            case TimelineReset(room_id=room_id, items=items, thread_root=root):
+                if room_id == self.room_id and root == self.thread_root:
                     view.reset(items)
                 self._refresh_rooms()
+            case TimelineChanged(room_id=room_id, diffs=diffs, thread_root=str(root)):
+                if room_id == self.room_id and root == self.thread_root:
+                    view.apply(diffs)
+                    view.refresh_gaps()
+            case TypingChanged(room_id=room_id):
+                if room_id == self.room_id:
+                    self._refresh_typing()
+            case MembersChanged(room_id=room_id):
+                if room_id == self.room_id:
+                    self._refresh_members()
             case TimelineChanged(room_id=room_id, diffs=diffs):
                 gap_id = self._fills.get(room_id)
                 if gap_id is not None and gap_id in view.progress:
@@ -434,7 +497,7 @@ class GaplineApp(App[int]):
                             before.pages + 1, before.events + added
                         )
                         self._show_progress()
-                if room_id == self.room_id:
+                if room_id == self.room_id and self.thread_root is None:
                     view.apply(diffs)
                     view.refresh_gaps()
             case RecentHistoryChanged(room_id=room_id, state=state):
@@ -488,10 +551,36 @@ class GaplineApp(App[int]):
             status.update("choose a room on the left")
             return
         summary = self.directory.get(self.room_id) or RoomSummary(self.room_id)
-        title.update(summary.label)
+        if self.thread_root is None:
+            title.update(summary.label)
+        else:
+            title.update(f"{summary.label} / thread · esc back to the room")
         state = self.mirror.state.recent(self.room_id)
         status.set_class(state.kind is RecentHistoryKind.Failed, "-failed")
         status.update(recent_label(state, report=self.mirror.state.repairs.get(self.room_id)))
+
+    def _names(self) -> dict[str, str | None]:
+        if self.room_id is None:
+            return {}
+        return {m.user_id: m.display_name for m in self.mirror.members(self.room_id)}
+
+    def _refresh_typing(self) -> None:
+        line = self.query_one("#typing", Static)
+        users = self.mirror.typing(self.room_id) if self.room_id is not None else ()
+        line.update(typing_label(users, self._names()))
+        line.set_class(bool(users), "-typing")
+
+    def _refresh_members(self) -> None:
+        panel = self.query_one("#members", Static)
+        if not panel.has_class("-shown"):
+            return
+        members = self.mirror.members(self.room_id) if self.room_id is not None else ()
+        text = Text(f"members ({len(members)})\n", style="bold")
+        for member in members:
+            name = sender_label(member.user_id, member.display_name)
+            text.append(name, style=f"bold {sender_colour(member.user_id)}")
+            text.append(" (invited)\n" if member.membership == "invite" else "\n")
+        panel.update(text)
 
 
 def command_room(command: Command) -> str | None:

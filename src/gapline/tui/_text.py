@@ -6,6 +6,8 @@ TUI shows, and so the wording is tested without a terminal.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
 
@@ -19,18 +21,37 @@ from gapline.history import (
     RecentHistoryState,
     RepairPhase,
     RepairStop,
+    ReplyStatus,
     TimelineItem,
 )
 
 __all__ = [
+    "SENDER_COLOURS",
     "FillProgress",
     "event_body",
     "event_time",
     "gap_label",
     "item_line",
+    "reactions_line",
     "recent_label",
+    "reply_line",
+    "sender_colour",
     "sender_label",
+    "thread_line",
+    "typing_label",
 ]
+
+SENDER_COLOURS = (
+    "#2e86de",
+    "#c0392b",
+    "#16a085",
+    "#8e44ad",
+    "#d35400",
+    "#27ae60",
+    "#b7950b",
+    "#c2185b",
+)
+"""Sender colours: mid tones that read on dark and on light backgrounds alike."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +110,77 @@ def gap_label(
     return "gap in history"
 
 
-def sender_label(sender: str) -> str:
-    """``@alice:example.org`` reads as ``alice``; anything else as itself."""
+def sender_label(sender: str, name: str | None = None) -> str:
+    """The sender's display name when the room gave one, else ``@alice:example.org``
+    reads as ``alice``; anything else as itself."""
+    if name:
+        return name
     if sender.startswith("@") and ":" in sender:
         return sender[1 : sender.index(":")]
     return sender
+
+
+def sender_colour(sender: str) -> str:
+    """A colour per user that stays the same across rows, rooms and runs."""
+    digest = hashlib.sha256(sender.encode()).digest()
+    return SENDER_COLOURS[digest[0] % len(SENDER_COLOURS)]
+
+
+def reply_line(item: EventItem) -> str | None:
+    """What a reply quotes, in one line (``None`` for a row that is no reply)."""
+    quote = item.in_reply_to
+    if quote is None:
+        return None
+    match quote.status:
+        case ReplyStatus.Pending:
+            return "↳ in reply to a message not loaded yet"
+        case ReplyStatus.Unavailable:
+            return "↳ in reply to a message that is not available"
+    who = sender_label(quote.sender or "", quote.sender_name)
+    if quote.redacted:
+        return f"↳ {who}: message deleted"
+    return f"↳ {who}: {quote.body}" if quote.body else f"↳ {who}"
+
+
+def reactions_line(item: EventItem, me: str | None = None) -> str | None:
+    """Reaction chips (``👍 2  ❤️ 1``); one this account sent is bracketed."""
+    if not item.reactions:
+        return None
+    chips = []
+    for reaction in item.reactions:
+        chip = f"{reaction.key} {len(reaction.senders)}"
+        chips.append(f"[{chip}]" if me is not None and me in reaction.senders else chip)
+    return "  ".join(chips)
+
+
+def thread_line(item: EventItem) -> str | None:
+    """A thread root's summary (``None`` for a row that roots no thread)."""
+    summary = item.thread_summary
+    if summary is None:
+        return None
+    replies = "1 reply" if summary.count == 1 else f"{summary.count} replies"
+    text = f"🧵 {replies}"
+    latest = summary.latest
+    if latest is not None:
+        who = sender_label(latest.sender, latest.sender_name)
+        said = "message deleted" if latest.redacted else (latest.body or "…")
+        text += f" · {who}: {said}"
+    if summary.participated:
+        text += " · you took part"
+    return text + " · t to open"
+
+
+def typing_label(users: Sequence[str], names: dict[str, str | None] | None = None) -> str:
+    """Who is typing, in words (empty when nobody is)."""
+    names = names or {}
+    who = [sender_label(u, names.get(u)) for u in users]
+    if not who:
+        return ""
+    if len(who) == 1:
+        return f"{who[0]} is typing…"
+    if len(who) <= 3:
+        return f"{', '.join(who[:-1])} and {who[-1]} are typing…"
+    return f"{len(who)} people are typing…"
 
 
 def event_time(item: EventItem, tz: tzinfo | None = None) -> str:
@@ -101,11 +188,14 @@ def event_time(item: EventItem, tz: tzinfo | None = None) -> str:
 
 
 def event_body(item: EventItem) -> tuple[str, bool]:
-    """The body text and whether it is a placeholder (shown dimmed)."""
+    """The body text and whether it is a placeholder (shown dimmed): deleted messages,
+    events without a text, and state events (whose body says what changed)."""
     if item.redacted:
         return "message deleted", True
     if item.body is None:
         return _describe_type(item.event_type), True
+    if item.event_type not in ("m.room.message", "m.sticker"):
+        return item.body, True
     return item.body, False
 
 
@@ -131,7 +221,10 @@ def item_line(
         case EventItem():
             body, _ = event_body(item)
             edited = " (edited)" if item.edited and not item.redacted else ""
-            return f"{event_time(item, tz)} {sender_label(item.sender)}: {body}{edited}"
+            who = sender_label(item.sender, item.sender_name)
+            line = f"{event_time(item, tz)} {who}: {body}{edited}"
+            extras = [x for x in (reply_line(item), reactions_line(item), thread_line(item)) if x]
+            return " ".join([line, *(f"[{x}]" for x in extras)])
         case HistoryGapItem():
             return f"── {gap_label(item, progress=progress, report=report)} ──"
         case ReadMarkerItem():

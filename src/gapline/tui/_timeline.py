@@ -14,133 +14,28 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import tzinfo
 
-from rich.text import Text
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.widgets import Static
+from textual.message import Message
 
 from gapline.history import (
     Append,
     Clear,
-    EventItem,
     HistoryGapItem,
     HistoryRepairReport,
     Insert,
     PushBack,
     PushFront,
-    ReadMarkerItem,
     Remove,
     Reset,
     Set,
     TimelineItem,
     VectorDiff,
 )
-from gapline.tui._text import FillProgress, event_body, event_time, gap_label, sender_label
+from gapline.tui._rows import EventRow, GapRow, MarkerRow, Row, row_for
+from gapline.tui._text import FillProgress
 
-__all__ = ["EventRow", "GapRow", "MarkerRow", "Row", "TimelineView"]
-
-
-class Row(Static):
-    """A timeline row; ``item`` is swapped in place when a ``Set`` of the same id lands."""
-
-    DEFAULT_CSS = """
-    Row { height: auto; padding: 0 1; }
-    Row.-selected { background: $boost; text-style: bold; }
-    TimelineView:focus Row.-selected { background: $accent 30%; }
-    """
-
-    def __init__(self, item: TimelineItem, view: TimelineView) -> None:
-        super().__init__()
-        self.item = item
-        self._view = view
-
-    @property
-    def item_id(self) -> str:
-        return self.item.id
-
-    def set_item(self, item: TimelineItem) -> None:
-        self.item = item
-        self.refresh(layout=True)
-
-    def on_click(self) -> None:
-        self._view.select(self.item.id)
-
-
-class EventRow(Row):
-    """A message: time, sender, body (edited and redacted states shown)."""
-
-    def render(self) -> Text:
-        assert isinstance(self.item, EventItem)
-        item = self.item
-        body, placeholder = event_body(item)
-        line = Text(no_wrap=False)
-        line.append(event_time(item, self._view.tz), style=self._view.muted_style)
-        line.append("  ")
-        line.append(sender_label(item.sender), style=self._view.sender_style)
-        line.append("  ")
-        line.append(body, style="italic " + self._view.muted_style if placeholder else "")
-        if item.edited and not item.redacted:
-            line.append(" (edited)", style=self._view.muted_style)
-        return line
-
-
-class GapRow(Row):
-    """A gap: a rule across the pane with the gap's state in its middle."""
-
-    DEFAULT_CSS = """
-    GapRow { color: $text-warning; text-style: bold; }
-    GapRow.-filling { color: $text-success; }
-    GapRow.-failed { color: $text-error; }
-    GapRow.-unavailable { color: $text-muted; text-style: italic; }
-    """
-
-    def render(self) -> Text:
-        assert isinstance(self.item, HistoryGapItem)
-        label = gap_label(
-            self.item,
-            progress=self._view.progress.get(self.item.id),
-            report=self._view.reports.get(self.item.id),
-        )
-        width = self.content_region.width
-        if len(label) + 6 > width:
-            # Too narrow for the rule: the words alone, wrapped, still say it all.
-            return Text(label, no_wrap=False)
-        return Text(f" {label} ".center(width, "─"), no_wrap=False)
-
-    def set_item(self, item: TimelineItem) -> None:
-        super().set_item(item)
-        self.restyle()
-
-    def restyle(self) -> None:
-        assert isinstance(self.item, HistoryGapItem)
-        lifecycle = self.item.lifecycle.value
-        self.set_class(self.item.id in self._view.progress, "-filling")
-        self.set_class(lifecycle == "Failed", "-failed")
-        self.set_class(lifecycle == "Unavailable", "-unavailable")
-        self.refresh(layout=True)
-
-
-class MarkerRow(Row):
-    DEFAULT_CSS = """
-    MarkerRow { color: $text-primary; }
-    """
-
-    def render(self) -> Text:
-        label = " read up to here "
-        return Text(label.center(max(self.content_region.width, len(label)), "┄"))
-
-
-def _row_for(item: TimelineItem, view: TimelineView) -> Row:
-    match item:
-        case EventItem():
-            return EventRow(item, view)
-        case HistoryGapItem():
-            row = GapRow(item, view)
-            row.restyle()
-            return row
-        case ReadMarkerItem():
-            return MarkerRow(item, view)
-    raise TypeError(f"not a timeline item: {item!r}")
+__all__ = ["EventRow", "GapRow", "MarkerRow", "Row", "TimelineView"]  # rows: see _rows
 
 
 class TimelineView(VerticalScroll, can_focus=True):
@@ -166,6 +61,9 @@ class TimelineView(VerticalScroll, can_focus=True):
         self.reports: dict[str, HistoryRepairReport] = {}
         self.muted_style = "dim"
         self.sender_style = "bold"
+        self.thread_style = "italic"
+        self.me: str | None = None
+        self.detached = False  # rows were dropped at the newest end (scrolled far back)
         self._place: tuple[bool, Row | None, float] | None = None
 
     def on_mount(self) -> None:
@@ -177,6 +75,7 @@ class TimelineView(VerticalScroll, can_focus=True):
         # on dark and light backgrounds alike.
         variables = self.app.get_css_variables()
         self.sender_style = f"bold {variables.get('text-primary', 'blue')}"
+        self.thread_style = f"italic {variables.get('text-accent', 'magenta')}"
         for row in self.rows:
             row.refresh()
 
@@ -199,11 +98,12 @@ class TimelineView(VerticalScroll, can_focus=True):
     def reset(self, items: Iterable[TimelineItem]) -> None:
         """Replace every row (a room was opened or switched to); the view goes to the end."""
         self.remove_children()
-        self.rows = [_row_for(item, self) for item in items]
+        self.rows = [row_for(item, self) for item in items]
         if self.rows:
             self.mount_all(self.rows)
         if self.selected_id is None or self.row(self.selected_id) is None:
             self.selected_id = self.rows[-1].item.id if self.rows else None
+        self.detached = False
         self._mark_selected()
         self.call_after_refresh(self.scroll_end, animate=False, immediate=True)
 
@@ -221,7 +121,15 @@ class TimelineView(VerticalScroll, can_focus=True):
             )
             self.call_after_refresh(self._keep_place)
         selected_index = self._index_of(self.selected_id)
+        grew_at_front = False
         for diff in diffs:
+            match diff:
+                case PushFront() | Insert(index=0):
+                    grew_at_front = True
+                case Remove(index=index) if grew_at_front and index == len(self.rows) - 1:
+                    self.detached = True  # the engine left the live end to bound the rows
+                case Reset():
+                    self.detached = False
             self._apply_one(diff)
         if self.selected_id is not None and self.row(self.selected_id) is None:
             # The selected row went away (a filled gap): select what now sits at its place.
@@ -233,6 +141,13 @@ class TimelineView(VerticalScroll, can_focus=True):
         elif self.selected_id is None and self.rows:
             self.selected_id = self.rows[-1].item.id
         self._mark_selected()
+
+    def _mark_selected(self) -> None:
+        for index, row in enumerate(self.rows):
+            row.set_class(row.item.id == self.selected_id, "-selected")
+            if isinstance(row, MarkerRow):
+                # The unread divider says something only while messages follow it.
+                row.display = index < len(self.rows) - 1
 
     def _keep_place(self) -> None:
         if self._place is None:
@@ -253,7 +168,7 @@ class TimelineView(VerticalScroll, can_focus=True):
     def _apply_one(self, diff: VectorDiff) -> None:
         match diff:
             case Append(values=values):
-                new = [_row_for(v, self) for v in values]
+                new = [row_for(v, self) for v in values]
                 self.rows.extend(new)
                 if new:
                     self.mount_all(new)
@@ -277,14 +192,14 @@ class TimelineView(VerticalScroll, can_focus=True):
                 self.rows = []
             case Reset(values=values):
                 self.remove_children()
-                self.rows = [_row_for(v, self) for v in values]
+                self.rows = [row_for(v, self) for v in values]
                 if self.rows:
                     self.mount_all(self.rows)
 
     def _insert(self, index: int, item: TimelineItem) -> None:
         if not 0 <= index <= len(self.rows):
             raise IndexError(f"Insert at {index} into {len(self.rows)} rows")
-        row = _row_for(item, self)
+        row = row_for(item, self)
         if index < len(self.rows):
             self.mount(row, before=self.rows[index])
         else:
@@ -322,10 +237,6 @@ class TimelineView(VerticalScroll, can_focus=True):
         else:
             self.scroll_to_widget(row, animate=False, immediate=True)
 
-    def _mark_selected(self) -> None:
-        for row in self.rows:
-            row.set_class(row.item.id == self.selected_id, "-selected")
-
     def action_move(self, step: int) -> None:
         if not self.rows:
             return
@@ -333,7 +244,12 @@ class TimelineView(VerticalScroll, can_focus=True):
         index = len(self.rows) - 1 if index is None else index + step
         self.select(self.rows[max(0, min(index, len(self.rows) - 1))].item.id)
 
+    class LiveRequested(Message):
+        """``End`` on a window that left the live end: the app asks the engine for it."""
+
     def action_edge(self, index: int) -> None:
+        if index == -1 and self.detached:
+            self.post_message(self.LiveRequested())
         if self.rows:
             self.select(self.rows[index].item.id)
 

@@ -14,7 +14,8 @@ uses, and serves them through ``httpx.MockTransport``, so a real
         page = await client.messages(room, dir="b", limit=50)
 
 Seeding methods (``register``, ``create_room``, ``send_*``, ``redact``,
-``invite``/``join``/``leave``/``kick``, ``hide_history_before``, ``revoke``) act directly on the model, with no HTTP and
+``invite``/``join``/``leave``/``kick``, ``hide_history_before``, ``revoke``,
+``set_displayname``, ``set_typing``) act directly on the model, with no HTTP and
 no faults, and take plain user IDs. Everything a client does goes through HTTP.
 
 The model (faithful to Synapse 1.163 where it matters; tests/matrix/test_fake_parity.py
@@ -45,6 +46,16 @@ runs the same scenarios against the fake and a real Synapse; see docs/matrix.md)
   whatever the depth reached (as Synapse does).
 - Redaction empties ``content`` (keeping ``membership`` of member events) and
   puts the redaction event under ``unsigned.redacted_because``.
+- Served events carry Synapse's bundled aggregations under
+  ``unsigned.m.relations``: ``m.replace`` (the newest edit by the original's
+  sender, whole) and ``m.thread`` (``latest_event``, ``count``,
+  ``current_user_participated``); state events carry ``prev_content``. A
+  second identical reaction is refused (400 ``M_DUPLICATE_ANNOTATION``).
+- ``/sync`` carries ``m.typing`` when typing changed, a private receipt
+  (``m.read.private``) only to its owner, and ``unread_notifications``
+  counted like Synapse's default push rules (messages from others after the
+  user's receipt; highlights name the user). ``/relations`` takes its own
+  ``next_batch`` tokens and ``/messages``/``/sync`` tokens as ``from``.
 - ``PUT .../send/{type}/{txnId}`` is idempotent per device and transaction ID,
   and the sending device's echo carries ``unsigned.transaction_id``.
 - A member who left or was kicked may still page ``/messages``, clamped at its
@@ -101,7 +112,8 @@ or to-device, is a new sibling module):
   `_membership` (createRoom, join, leave, invite, kick, joined_members),
   `_sync`, `_messages` (messages, context, event, relations), `_send`
   (send, redact, state), `_receipts` (read markers, receipts),
-  `_account_data`, `_media` (upload, download);
+  `_account_data`, `_media` (upload, download), `_typing` (typing,
+  profile display names);
 - `_routes`: the one URL table (`Router`) and `ENDPOINTS`;
 - `_faults`: `Fault`, `FaultKind`, the knobs, and `inject`, which applies
   them around every handler;

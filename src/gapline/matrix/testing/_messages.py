@@ -61,7 +61,7 @@ class MessagesEndpoints(EndpointFamily):
         return Reply(
             200,
             {
-                "chunk": [e.to_json(viewer=(user_id, device_id)) for e in chunk],
+                "chunk": [self.model._serve(room, e, viewer=(user_id, device_id)) for e in chunk],
                 "start": start_token,
                 "end": token(next_position),
             },
@@ -73,10 +73,11 @@ class MessagesEndpoints(EndpointFamily):
         event = room.by_id.get(event_id)
         if event is None or not room.visible(event):
             raise HTTPError(404, "M_NOT_FOUND", "Could not find event " + event_id)
-        return Reply(200, event.to_json(viewer=(user_id, device_id)))
+        return Reply(200, self.model._serve(room, event, viewer=(user_id, device_id)))
 
     async def context(self, call: Call, room_id: str, event_id: str) -> Reply:
-        user_id, _, _ = self.model._auth(call.request)
+        user_id, device_id, _ = self.model._auth(call.request)
+        viewer = (user_id, device_id)
         room = self.model._member_room(user_id, room_id)
         event = room.by_id.get(event_id)
         if event is None or not room.visible(event):
@@ -91,9 +92,9 @@ class MessagesEndpoints(EndpointFamily):
         return Reply(
             200,
             {
-                "event": event.to_json(),
-                "events_before": [e.to_json() for e in before],
-                "events_after": [e.to_json() for e in after],
+                "event": self.model._serve(room, event, viewer=viewer),
+                "events_before": [self.model._serve(room, e, viewer=viewer) for e in before],
+                "events_after": [self.model._serve(room, e, viewer=viewer) for e in after],
                 "start": start,
                 "end": end,
                 "state": [e.to_json() for e in room.state.values()],
@@ -103,7 +104,7 @@ class MessagesEndpoints(EndpointFamily):
     async def relations(self, call: Call, room_id: str, tail: list[str]) -> Reply:
         """Children by ``m.relates_to.event_id`` (``tail``: event ID [, rel_type [, event type]])."""
         query = call.query
-        user_id, _, _ = self.model._auth(call.request)
+        user_id, device_id, _ = self.model._auth(call.request)
         room = self.model._member_room(user_id, room_id)
         if not tail or len(tail) > 3:
             raise HTTPError(404, "M_UNRECOGNIZED", "Unrecognized request")
@@ -135,17 +136,22 @@ class MessagesEndpoints(EndpointFamily):
                 break
         found.sort(key=lambda e: e.stream, reverse=query.get("dir", "b") == "b")
         if "from" in query:
+            # Its own next_batch tokens ("r<stream>"), or a /messages or /sync token, as
+            # the spec allows ("between positions n and n + 1": n itself is included).
             match = _RELATIONS_TOKEN_RE.match(query["from"])
-            if match is None:
-                raise HTTPError(400, "M_INVALID_PARAM", "Invalid from token")
-            bound = int(match.group(1))
+            if match is not None:
+                bound = int(match.group(1))
+            else:
+                position = parse_token(query["from"])
+                bound = position + 1 if query.get("dir", "b") == "b" else position
             if query.get("dir", "b") == "b":
                 found = [e for e in found if e.stream < bound]
             else:
                 found = [e for e in found if e.stream > bound]
         limit = min(int_param(query, "limit", 5), 1000)
         page = found[:limit]
-        out: dict[str, Any] = {"chunk": [e.to_json() for e in page]}
+        viewer = (user_id, device_id)
+        out: dict[str, Any] = {"chunk": [self.model._serve(room, e, viewer=viewer) for e in page]}
         if len(found) > limit:
             out["next_batch"] = f"r{page[-1].stream}"
         if "from" in query:

@@ -52,6 +52,8 @@ class StoredEvent:
     # (user_id, device_id, txn_id) of a client send: echoed as unsigned.transaction_id
     # to that same device only, as Synapse does.
     sent_with: tuple[str, str, str] | None = None
+    # A state event's predecessor's content (served as unsigned.prev_content, as Synapse).
+    prev_content: dict[str, Any] | None = None
 
     def to_json(
         self, *, with_room_id: bool = True, viewer: tuple[str, str] | None = None
@@ -70,6 +72,8 @@ class StoredEvent:
             out["state_key"] = self.state_key
         if self.redacts is not None:
             out["redacts"] = self.redacts
+        if self.prev_content is not None:
+            out["unsigned"] = {"prev_content": self.prev_content}
         if self.redacted_because is not None:
             out["unsigned"] = {"redacted_because": self.redacted_because}
         if self.sent_with is not None and viewer == self.sent_with[:2]:
@@ -97,6 +101,11 @@ class Room:
     # (stream, event_id, receipt_type, user_id, ts)
     receipts: list[tuple[int, str, str, str, int]] = field(default_factory=list)
     hidden_before: int | None = None
+    # event ID -> the events relating to it (m.relates_to.event_id), in stream order
+    children: dict[str, list[StoredEvent]] = field(default_factory=dict)
+    # who types now, and the stream position of the last change (m.typing in /sync)
+    typing: set[str] = field(default_factory=set)
+    typing_stream: int = 0
 
     def membership(self, user_id: str) -> str | None:
         member = self.state.get(("m.room.member", user_id))
@@ -129,6 +138,7 @@ class HomeserverModel:
         self._tokens: dict[str, tuple[str, str]] = {}
         self._global_data: dict[str, AccountData] = {}
         self._room_data: dict[tuple[str, str], AccountData] = {}
+        self._profiles: dict[str, str] = {}  # user ID -> display name
         self._wake = asyncio.Event()
 
     # -- seeding: accounts -----------------------------------------------------------------
@@ -203,7 +213,30 @@ class HomeserverModel:
 
     def join(self, user: str, room_id: str) -> str:
         user = self.user_id(user)
-        return self._append(room_id, user, "m.room.member", {"membership": "join"}, user).event_id
+        content: dict[str, Any] = {"membership": "join"}
+        if user in self._profiles:
+            content["displayname"] = self._profiles[user]
+        return self._append(room_id, user, "m.room.member", content, user).event_id
+
+    def set_displayname(self, user: str, name: str) -> list[str]:
+        """Set ``user``'s display name: a new member event in every room it has joined
+        (as Synapse does); returns their event IDs."""
+        user = self.user_id(user)
+        self._profiles[user] = name
+        return [
+            self._append(
+                rid, user, "m.room.member", {"membership": "join", "displayname": name}, user
+            ).event_id
+            for rid, room in self._rooms.items()
+            if room.membership(user) == "join"
+        ]
+
+    def set_typing(self, user: str, room_id: str, typing: bool) -> None:
+        """``user`` starts or stops typing in the room (seen as ``m.typing`` in ``/sync``)."""
+        room = self._room(room_id)
+        user = self.user_id(user)
+        (room.typing.add if typing else room.typing.discard)(user)
+        room.typing_stream = self._tick()
 
     def leave(self, user: str, room_id: str) -> str:
         user = self.user_id(user)
@@ -346,8 +379,54 @@ class HomeserverModel:
         room.events.append(event)
         room.by_id[event.event_id] = event
         if state_key is not None:
+            before = room.state.get((event_type, state_key))
+            if before is not None:
+                event.prev_content = dict(before.content)
             room.state[(event_type, state_key)] = event
+        target, _ = event.relates_to()
+        if target is not None:
+            room.children.setdefault(target, []).append(event)
         return event
+
+    def _serve(
+        self,
+        room: Room,
+        event: StoredEvent,
+        *,
+        viewer: tuple[str, str] | None = None,
+        with_room_id: bool = True,
+    ) -> dict[str, Any]:
+        """An event as a client receives it, with the aggregations Synapse bundles under
+        ``unsigned.m.relations``: the newest valid edit (same sender and type, not
+        redacted) as a whole event, and a thread root's summary."""
+        out = event.to_json(with_room_id=with_room_id, viewer=viewer)
+        if event.redacted_because is not None:
+            return out
+        relations: dict[str, Any] = {}
+        children = [c for c in room.children.get(event.event_id, ()) if c.redacted_because is None]
+        edits = [
+            c
+            for c in children
+            if c.relates_to()[1] == "m.replace"
+            and c.sender == event.sender
+            and c.type == event.type
+            and isinstance(c.content.get("m.new_content"), dict)
+        ]
+        if edits and event.state_key is None:
+            latest = max(edits, key=lambda c: (c.origin_server_ts, c.event_id))
+            relations["m.replace"] = latest.to_json()
+        replies = [c for c in children if c.relates_to()[1] == "m.thread"]
+        if replies:
+            user = viewer[0] if viewer is not None else None
+            relations["m.thread"] = {
+                "latest_event": self._serve(room, replies[-1], viewer=viewer),
+                "count": len(replies),
+                "current_user_participated": user is not None
+                and (user == event.sender or any(r.sender == user for r in replies)),
+            }
+        if relations:
+            out["unsigned"] = {**out["unsigned"], "m.relations": relations}
+        return out
 
     def _redact(self, room_id: str, sender: str, event_id: str, reason: str | None) -> StoredEvent:
         """Empty ``content`` (keeping a member event's ``membership``) and record the

@@ -18,6 +18,7 @@ from ._model import HomeserverModel
 from ._receipts import ReceiptEndpoints
 from ._send import SendEndpoints
 from ._sync import SyncEndpoints
+from ._typing import TypingEndpoints
 from ._wire import Handler
 
 __all__ = ["ENDPOINTS", "Route", "Router"]
@@ -56,6 +57,9 @@ ENDPOINTS = frozenset(
         # _media
         "upload",
         "download",
+        # _typing
+        "typing",
+        "profile",
     }
 )
 
@@ -82,6 +86,7 @@ class Router:
         self.receipts = ReceiptEndpoints(model)
         self.account_data = AccountDataEndpoints(model)
         self.media = MediaEndpoints(model)
+        self.typing = TypingEndpoints(model)
 
     def route(self, method: str, seg: list[str]) -> Route:
         """Map a path (split into unquoted segments) to its `Route`."""
@@ -127,6 +132,8 @@ class Router:
                     room,
                     lambda c: self.account_data.account_data(c, user, room, data_type),
                 )
+            case ["profile", user, "displayname"] if method == "PUT":
+                return Route("profile", None, lambda c: self.typing.displayname(c, user))
             case ["rooms", room, *tail]:
                 return self._room_route(method, room, tail)
         return _UNKNOWN
@@ -161,6 +168,8 @@ class Router:
                 return Route(
                     "joined_members", room, lambda c: self.membership.joined_members(c, room)
                 )
+            case ["typing", user] if method == "PUT":
+                return Route("typing", room, lambda c: self.typing.typing(c, room, user))
             case ["read_markers"] if method == "POST":
                 return Route("read_markers", room, lambda c: self.receipts.read_markers(c, room))
             case ["receipt", receipt_type, event_id] if method == "POST":

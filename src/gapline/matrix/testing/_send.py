@@ -27,10 +27,29 @@ class SendEndpoints(EndpointFamily):
         if key in self._txns:
             return Reply(200, {"event_id": self._txns[key]})
         content = call.body if isinstance(call.body, dict) else {}
+        if event_type == "m.reaction":
+            self._refuse_duplicate(room_id, user_id, content)
         event = self.model._append(room_id, user_id, event_type, content)
         event.sent_with = (user_id, device_id, txn)
         self._txns[key] = event.event_id
         return Reply(200, {"event_id": event.event_id})
+
+    def _refuse_duplicate(self, room_id: str, user_id: str, content: dict) -> None:
+        """Synapse refuses a second identical reaction by one user (400)."""
+        rel = content.get("m.relates_to")
+        if not isinstance(rel, dict) or rel.get("rel_type") != "m.annotation":
+            return
+        room = self.model._room(room_id)
+        for child in room.children.get(rel.get("event_id", ""), ()):
+            crel = child.content.get("m.relates_to")
+            if (
+                child.sender == user_id
+                and child.type == "m.reaction"
+                and child.redacted_because is None
+                and isinstance(crel, dict)
+                and crel.get("key") == rel.get("key")
+            ):
+                raise HTTPError(400, "M_DUPLICATE_ANNOTATION", "Can't send same reaction twice")
 
     async def redact(self, call: Call, room_id: str, event_id: str, txn: str) -> Reply:
         user_id, device_id, _ = self.model._auth(call.request)

@@ -91,14 +91,24 @@ class SyncEndpoints(EndpointFamily):
         timeline = new[-limit:] if limit else []
         receipts: dict[str, dict[str, dict[str, Any]]] = {}
         for stream, event_id, receipt_type, reader, ts in room.receipts:
+            if receipt_type == "m.read.private" and reader != user_id:
+                continue  # a private receipt reaches its owner only
             if stream > after:
                 receipts.setdefault(event_id, {}).setdefault(receipt_type, {})[reader] = {"ts": ts}
+        typing_changed = room.typing_stream > after and (since is not None or bool(room.typing))
         room_data = [
             {"type": t, "content": c}
             for t, (stream, c) in self.model._room_data.get((user_id, room.room_id), {}).items()
             if stream > after
         ]
-        if since is not None and not new and not receipts and not room_data and not full_state:
+        if (
+            since is not None
+            and not new
+            and not receipts
+            and not room_data
+            and not full_state
+            and not typing_changed
+        ):
             return None
         timeline_start = timeline[0].stream if timeline else self.model._stream + 1
         if since is None or full_state:
@@ -112,17 +122,48 @@ class SyncEndpoints(EndpointFamily):
             state = list(latest.values())
         return {
             "timeline": {
-                "events": [e.to_json(with_room_id=False, viewer=viewer) for e in timeline],
+                "events": [
+                    self.model._serve(room, e, viewer=viewer, with_room_id=False) for e in timeline
+                ],
                 "limited": len(new) > len(timeline),
                 "prev_batch": token(timeline_start - 1),
             },
             "state": {"events": [e.to_json(with_room_id=False) for e in state]},
             "ephemeral": {
-                "events": [{"type": "m.receipt", "content": receipts}] if receipts else []
+                "events": ([{"type": "m.receipt", "content": receipts}] if receipts else [])
+                + (
+                    [{"type": "m.typing", "content": {"user_ids": sorted(room.typing)}}]
+                    if typing_changed
+                    else []
+                )
             },
             "account_data": {"events": room_data},
-            "unread_notifications": {"highlight_count": 0, "notification_count": 0},
+            "unread_notifications": _unread(room, user_id, self.model._profiles.get(user_id)),
         }
+
+
+def _unread(room: Room, user_id: str, display_name: str | None) -> dict[str, int]:
+    """Messages from others after the user's newest read receipt (edits and reactions do
+    not notify); highlights are those naming the user, as Synapse's default push rules."""
+    read = 0
+    for _stream, event_id, receipt_type, reader, _ts in room.receipts:
+        target = room.by_id.get(event_id)
+        if reader == user_id and receipt_type in ("m.read", "m.read.private") and target:
+            read = max(read, target.stream)
+    mine = room.state.get(("m.room.member", user_id))
+    joined_at = mine.stream if mine is not None else 0
+    notes = highlights = 0
+    names = [user_id.split(":")[0].lstrip("@")] + ([display_name] if display_name else [])
+    for event in room.events:
+        if event.stream <= max(read, joined_at) or event.sender == user_id:
+            continue
+        if event.type != "m.room.message" or event.relates_to()[1] == "m.replace":
+            continue
+        notes += 1
+        body = event.content.get("body")
+        if isinstance(body, str) and any(n.lower() in body.lower() for n in names):
+            highlights += 1
+    return {"highlight_count": highlights, "notification_count": notes}
 
 
 def _invited_room(room: Room, member_event: StoredEvent) -> dict[str, Any]:

@@ -1,0 +1,209 @@
+"""The commands a client sends the engine (wire: ``{"OpenRoom": {...}}``, ``"Shutdown"``).
+
+Part of the protocol vocabulary re-exported by ``_types``; see there for how
+Rust-style enums are spelled in Python. Optional fields (``SendMessage``'s
+``in_reply_to``, ...) default to ``None`` and are left out of the wire when unset,
+so a command written before they existed means the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeAlias
+
+__all__ = [
+    "Cancel",
+    "CloseRoom",
+    "Command",
+    "DumpState",
+    "EditMessage",
+    "FillGap",
+    "HistoryRepair",
+    "HistoryRepairCommand",
+    "MarkRead",
+    "OpenRoom",
+    "OpenThread",
+    "PaginateBackwards",
+    "RedactEvent",
+    "RetryRecent",
+    "SendMessage",
+    "SendReaction",
+    "SetTyping",
+    "ShrinkTimeline",
+    "Shutdown",
+]
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRoom:
+    """Load retained history and gaps (one ``TimelineReset``), then start a recent load."""
+
+    room_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseRoom:
+    """Stop whatever runs in the room, publish ``Idle``, forget its timeline."""
+
+    room_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class FillGap:
+    room_id: str
+    gap_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RetryRecent:
+    room_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    room_id: str
+
+
+HistoryRepairCommand: TypeAlias = FillGap | RetryRecent | Cancel
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRepair:
+    """Wraps a :data:`HistoryRepairCommand` (wire: ``{"HistoryRepair": {"FillGap": ...}}``)."""
+
+    command: HistoryRepairCommand
+
+    @property
+    def room_id(self) -> str:
+        return self.command.room_id
+
+
+@dataclass(frozen=True, slots=True)
+class SendMessage:
+    """Send a text message; ``in_reply_to`` quotes an event, ``thread_root`` posts it in
+    that event's thread (both optional, and absent from the wire when unset)."""
+
+    room_id: str
+    body: str
+    in_reply_to: str | None = None
+    thread_root: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PaginateBackwards:
+    """Extension: load up to ``count`` rows older than the oldest loaded row of an open room.
+
+    Retained rows come from the cache first; once the oldest retained event
+    is loaded, the room is paginated on the server (from the oldest section's
+    cursor). New rows land as ``TimelineChanged`` diffs at the front; the
+    answer (``Ok``) comes after them. A call that adds no row means the top of
+    the room's accessible history is loaded. It is a history operation of the
+    room: it answers ``RoomBusy`` while a recent load or a fill runs (and
+    while it runs, they do), and ``Cancel`` interrupts it.
+    """
+
+    room_id: str
+    count: int = 50
+    thread_root: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ValueError(
+                f"PaginateBackwards.count must be a positive integer, got {self.count!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class SendReaction:
+    """React to an event with ``key``, or take this account's reaction with that key back
+    (a toggle, as a reaction chip behaves): the reaction is redacted if it exists."""
+
+    room_id: str
+    event_id: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class RedactEvent:
+    """Redact (delete) an event; ``reason`` is optional."""
+
+    room_id: str
+    event_id: str
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EditMessage:
+    """Replace the text of one of this account's messages (an ``m.replace``)."""
+
+    room_id: str
+    event_id: str
+    body: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkRead:
+    """This account has read up to ``event_id``: moves the fully-read marker and sends a
+    read receipt there (a private one, seen by no one else, with ``private``)."""
+
+    room_id: str
+    event_id: str
+    private: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OpenThread:
+    """Open the thread rooted at ``thread_root`` of an open room: its own timeline
+    (``TimelineReset`` with ``thread_root``), filled with ``/relations`` and its own
+    durable gaps. It stays open until its room closes."""
+
+    room_id: str
+    thread_root: str
+
+
+@dataclass(frozen=True, slots=True)
+class ShrinkTimeline:
+    """Drop every loaded row but the newest window and reload it as one ``Reset`` diff
+    (also how a client returns to the live end after scrolling far back)."""
+
+    room_id: str
+    thread_root: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SetTyping:
+    """Tell the room this account is (or stopped) typing."""
+
+    room_id: str
+    typing: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """Close every open room (each publishes ``Idle``) and stop the engine."""
+
+
+@dataclass(frozen=True, slots=True)
+class DumpState:
+    """Extension: ask for the mirror's state. The bridge answers it from its mirror."""
+
+
+Command: TypeAlias = (
+    OpenRoom
+    | CloseRoom
+    | HistoryRepair
+    | SendMessage
+    | PaginateBackwards
+    | Shutdown
+    | DumpState
+    | SendReaction
+    | RedactEvent
+    | EditMessage
+    | MarkRead
+    | OpenThread
+    | ShrinkTimeline
+    | SetTyping
+)

@@ -1,0 +1,174 @@
+"""Timeline items: the rows a room (or a thread) shows, and the parts an event row carries.
+
+Wire variants are ``Event``, ``HistoryGap`` and ``ReadMarker`` (see
+``_types`` for why the Python names end in ``Item``). An event row carries,
+beyond its own fields, what the cache's relation rules made of it: the reply
+it quotes (:class:`InReplyTo`), the reactions on it (:class:`Reaction`), the
+summary of the thread it roots (:class:`ThreadSummary`) and its sender's
+display name as of the event. Each of those is a value computed from what
+the cache committed, never patched in by a reader.
+
+Everything is immutable.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TypeAlias
+
+__all__ = [
+    "READ_MARKER_ID",
+    "EventItem",
+    "GapLifecycle",
+    "HistoryGapItem",
+    "InReplyTo",
+    "Member",
+    "Reaction",
+    "ReadMarkerItem",
+    "ReplyStatus",
+    "ThreadLatest",
+    "ThreadSummary",
+    "TimelineItem",
+]
+
+READ_MARKER_ID = "read-marker"
+
+
+class GapLifecycle(enum.Enum):
+    """Where a gap row stands. ``Failed`` carries the row's ``failure`` text."""
+
+    Idle = "Idle"
+    Paused = "Paused"
+    Failed = "Failed"
+    Unavailable = "Unavailable"
+
+
+class ReplyStatus(enum.Enum):
+    """How much of a replied-to event the cache can show.
+
+    ``Ready``: its sender and first line are known (from the cache, or fetched
+    once with ``/context``); ``Pending``: not known yet, the engine is fetching
+    it; ``Unavailable``: the server would not return it (unknown, not visible,
+    or in another room).
+    """
+
+    Ready = "Ready"
+    Pending = "Pending"
+    Unavailable = "Unavailable"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InReplyTo:
+    """The event a row replies to (``m.in_reply_to``), as far as the cache knows it.
+
+    ``sender``, ``sender_name`` and ``body`` (its first line, ``None`` when it
+    has no text) are set only when ``status`` is ``Ready``; ``redacted`` says
+    the quoted event was deleted, and then ``body`` is ``None``.
+    """
+
+    event_id: str
+    status: ReplyStatus = ReplyStatus.Pending
+    sender: str | None = None
+    sender_name: str | None = None
+    body: str | None = None
+    redacted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Reaction:
+    """One reaction key on a row and who reacted with it, earliest first."""
+
+    key: str
+    senders: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ThreadLatest:
+    """The newest reply of a thread, as its summary shows it (first line only)."""
+
+    event_id: str
+    sender: str
+    sender_name: str | None = None
+    body: str | None = None
+    redacted: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ThreadSummary:
+    """What a thread root row says of its thread: how many replies, the newest one,
+    and whether this account took part (sent the root or a reply)."""
+
+    count: int
+    latest: ThreadLatest | None = None
+    participated: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventItem:
+    """A room event as the timeline shows it (wire variant ``Event``).
+
+    ``id`` is the row id, stable while the row exists (receipts and selection
+    hang on it). ``body`` is the visible text: the newest valid replacement's
+    when ``edited``, ``None`` when ``redacted`` or when the event has no text
+    (an undecryptable message); a state event's body says in words what
+    changed ("joined the room"). ``receipts`` lists the users whose read
+    receipt sits on this row. ``sender_name`` is the sender's display name in
+    the room as of the event (``None``: none known), disambiguated with the
+    user id when another member had the same name.
+    """
+
+    id: str
+    event_id: str
+    sender: str
+    origin_server_ts: int
+    event_type: str
+    body: str | None
+    edited: bool = False
+    redacted: bool = False
+    receipts: tuple[str, ...] = ()
+    sender_name: str | None = None
+    in_reply_to: InReplyTo | None = None
+    reactions: tuple[Reaction, ...] = ()
+    thread_summary: ThreadSummary | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryGapItem:
+    """A durable gap between two sections (wire variant ``HistoryGap``).
+
+    ``id`` is the ``gap_id`` that ``FillGap`` takes and survives lifecycle
+    changes. Both boundaries are events of the room: the newest event of the
+    older section and the oldest event of the newer one. ``failure`` is set
+    exactly when ``lifecycle`` is ``Failed``.
+    """
+
+    id: str
+    older_boundary: str
+    newer_boundary: str
+    lifecycle: GapLifecycle = GapLifecycle.Idle
+    failure: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.lifecycle is GapLifecycle.Failed) != (self.failure is not None):
+            raise ValueError("HistoryGapItem.failure is set exactly when lifecycle is Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadMarkerItem:
+    """The fully-read marker row (wire variant ``ReadMarker``); its id is always ``read-marker``."""
+
+    id: str = READ_MARKER_ID
+
+
+TimelineItem: TypeAlias = EventItem | HistoryGapItem | ReadMarkerItem
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Member:
+    """A room member as the member list shows it (``membership`` is ``join``,
+    ``invite``, ``leave``, ``ban`` or ``knock``)."""
+
+    user_id: str
+    display_name: str | None = None
+    membership: str = "join"

@@ -1,0 +1,282 @@
+"""The tables of the relation rules: aggregates, the relation index, members, detached events.
+
+Schema in ``_cache_store`` (migration 2). Like the rest of the cache, every
+value is sealed with the store's cipher and every looked-up id is a keyed
+hash: an aggregate is bound (AAD) to its room and target, a member record to
+its room and user, a detached event to its room and event id. The functions
+here only read, or apply the updates ``Sections`` emitted
+(:meth:`RelationTables.write`); the rules themselves are in ``_admission``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gapline.history._aggregates import Aggregate, decode_aggregate, encode_aggregate
+from gapline.history._updates import (
+    AggregateChanged,
+    DetachedStored,
+    MemberRecord,
+    MembersUpdated,
+    RelationIndexed,
+    Room,
+    Update,
+)
+from gapline.matrix import ClientEvent
+from gapline.storage import Tx
+
+if TYPE_CHECKING:
+    from gapline.history._cache_store import CacheStore
+
+__all__ = ["PRESENT", "RelationTables"]
+
+_CHUNK = 400
+PRESENT = ("join", "invite")
+"""Memberships whose display name counts when deciding whether two names clash."""
+
+
+class RelationTables:
+    """Reads and writes of the relation tables, for one :class:`CacheStore`."""
+
+    def __init__(self, store: CacheStore) -> None:
+        self._store = store
+
+    def _hashes(
+        self, ids: Iterable[str], known: dict[str, bytes] | None = None
+    ) -> dict[bytes, str]:
+        """Hashes of ``ids`` by hash; ``known`` is a cache of hashes (the transaction's),
+        read and filled here: keyed hashing is most of what a relation lookup costs."""
+        unique = list(dict.fromkeys(ids))
+        if known is None:
+            return dict(zip(self._store.event_keys(unique), unique, strict=True))
+        missing = [i for i in unique if i not in known]
+        if missing:
+            known.update(zip(missing, self._store.event_keys(missing), strict=True))
+        return {known[i]: i for i in unique}
+
+    def _in(self, tx: Tx, sql: str, room: Room, keys: Sequence[bytes]) -> Iterable[tuple[Any, ...]]:
+        for start in range(0, len(keys), _CHUNK):
+            chunk = keys[start : start + _CHUNK]
+            yield from tx.all(sql.format(marks=",".join("?" * len(chunk))), (room.rid, *chunk))
+
+    # -- aggregates -----------------------------------------------------------------------
+
+    def aggregates(
+        self,
+        tx: Tx,
+        room: Room,
+        event_ids: Iterable[str],
+        known: dict[str, bytes] | None = None,
+    ) -> dict[str, Aggregate]:
+        """The aggregates held for ``event_ids`` (those with none are left out); ``known``
+        may hold hashes the caller computed already."""
+        by_key = self._hashes(event_ids, known)
+        out: dict[str, Aggregate] = {}
+        for target, value in self._in(
+            tx,
+            "SELECT target, value FROM history_aggregate WHERE room = ? AND target IN ({marks})",
+            room,
+            list(by_key),
+        ):
+            key = bytes(target)
+            out[by_key[key]] = self.open(room, key, value)
+        return out
+
+    def open(self, room: Room, event_key: bytes, sealed: Any) -> Aggregate:
+        """A sealed aggregate (of ``history_aggregate`` or a row's copy)."""
+        plain = self._store.cipher.decrypt(bytes(sealed), room.key + b"agg" + event_key)
+        return decode_aggregate(plain)
+
+    def seal(self, room: Room, event_key: bytes, aggregate: Aggregate) -> bytes:
+        return self._store.cipher.encrypt(
+            encode_aggregate(aggregate), room.key + b"agg" + event_key
+        )
+
+    def _put_aggregates(
+        self,
+        tx: Tx,
+        room: Room,
+        entries: Sequence[tuple[str, Aggregate, bool]],
+        event_key: Callable[[str], bytes],
+    ) -> None:
+        """Aggregates, and their copies on the retained events' rows where asked."""
+        keys = [event_key(t) for t, _, _ in entries]
+        empty = Aggregate()
+        gone = [(room.rid, k) for k, (_, a, _) in zip(keys, entries, strict=True) if a == empty]
+        kept = [
+            (k, self.seal(room, k, a), on_row)
+            for k, (_, a, on_row) in zip(keys, entries, strict=True)
+            if a != empty
+        ]
+        if gone:
+            tx.executemany("DELETE FROM history_aggregate WHERE room = ? AND target = ?", gone)
+            tx.executemany("UPDATE history_event SET agg = NULL WHERE room = ? AND event = ?", gone)
+        if kept:
+            tx.executemany(
+                "INSERT INTO history_aggregate (room, target, value) VALUES (?, ?, ?)"
+                " ON CONFLICT (room, target) DO UPDATE SET value = excluded.value",
+                [(room.rid, k, sealed) for k, sealed, _ in kept],
+            )
+            copies = [(sealed, room.rid, k) for k, sealed, on_row in kept if on_row]
+            if copies:
+                tx.executemany(
+                    "UPDATE history_event SET agg = ? WHERE room = ? AND event = ?", copies
+                )
+
+    # -- the relation index ---------------------------------------------------------------
+
+    def indexed(
+        self,
+        tx: Tx,
+        room: Room,
+        event_ids: Iterable[str],
+        known: dict[str, bytes] | None = None,
+    ) -> dict[str, tuple[str, str]]:
+        """Relation events among ``event_ids`` already seen: the event each relates to,
+        and how."""
+        by_key = self._hashes(event_ids, known)
+        decrypt = self._store.cipher.decrypt
+        return {
+            by_key[bytes(event)]: (
+                decrypt(bytes(target), room.key + b"rel" + bytes(event)).decode(),
+                str(kind),
+            )
+            for event, target, kind in self._in(
+                tx,
+                "SELECT event, target_id, kind FROM history_relation WHERE room = ?"
+                " AND event IN ({marks})",
+                room,
+                list(by_key),
+            )
+        }
+
+    def relations_to(self, tx: Tx, room: Room, target: str, kind: str) -> list[bytes]:
+        """Hashes of the relation events of ``kind`` seen for ``target``."""
+        rows = tx.all(
+            "SELECT event FROM history_relation WHERE room = ? AND target = ? AND kind = ?",
+            (room.rid, self._store.event_key(target), kind),
+        )
+        return [bytes(r[0]) for r in rows]
+
+    # -- members --------------------------------------------------------------------------
+
+    def members(self, tx: Tx, room: Room, user_ids: Iterable[str]) -> dict[str, MemberRecord]:
+        by_key = {self._store.cipher.lookup_key("member:" + u): u for u in dict.fromkeys(user_ids)}
+        out: dict[str, MemberRecord] = {}
+        for member, value in self._in(
+            tx,
+            "SELECT member, value FROM history_member WHERE room = ? AND member IN ({marks})",
+            room,
+            list(by_key),
+        ):
+            record = self._open_member(room, bytes(member), value)
+            out[by_key[bytes(member)]] = record
+        return out
+
+    def all_members(self, tx: Tx, room: Room, limit: int = 100_000) -> list[MemberRecord]:
+        rows = tx.all(
+            "SELECT member, value FROM history_member WHERE room = ? AND present = 1 LIMIT ?",
+            (room.rid, limit),
+        )
+        return sorted(
+            (self._open_member(room, bytes(m), v) for m, v in rows), key=lambda r: r.user_id
+        )
+
+    def name_holders(self, tx: Tx, room: Room, display_name: str) -> int:
+        """How many present members use ``display_name``."""
+        row = tx.one(
+            "SELECT COUNT(*) FROM history_member WHERE room = ? AND name = ? AND present = 1",
+            (room.rid, self._name_key(display_name)),
+        )
+        return 0 if row is None else int(row[0])
+
+    def _name_key(self, display_name: str) -> bytes:
+        return self._store.cipher.lookup_key("member-name:" + display_name)
+
+    def _open_member(self, room: Room, member: bytes, value: Any) -> MemberRecord:
+        data = json.loads(self._store.cipher.decrypt(bytes(value), room.key + b"mem" + member))
+        return MemberRecord(data["user_id"], data.get("display_name"), data["membership"])
+
+    def _put_member(self, tx: Tx, room: Room, record: MemberRecord) -> None:
+        member = self._store.cipher.lookup_key("member:" + record.user_id)
+        value = json.dumps(record._asdict()).encode()
+        tx.execute(
+            "INSERT INTO history_member (room, member, name, present, value) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (room, member) DO UPDATE SET name = excluded.name,"
+            " present = excluded.present, value = excluded.value",
+            (
+                room.rid,
+                member,
+                None if record.display_name is None else self._name_key(record.display_name),
+                int(record.membership in PRESENT),
+                self._store.cipher.encrypt(value, room.key + b"mem" + member),
+            ),
+        )
+
+    # -- detached events ------------------------------------------------------------------
+
+    def detached(
+        self,
+        tx: Tx,
+        room: Room,
+        event_ids: Iterable[str],
+        known: dict[str, bytes] | None = None,
+    ) -> dict[str, ClientEvent | None]:
+        """Events fetched on their own, by id; ``None``: the server would not return it."""
+        by_key = self._hashes(event_ids, known)
+        out: dict[str, ClientEvent | None] = {}
+        for event, body in self._in(
+            tx,
+            "SELECT event, body FROM history_detached WHERE room = ? AND event IN ({marks})",
+            room,
+            list(by_key),
+        ):
+            key = bytes(event)
+            out[by_key[key]] = (
+                None if body is None else self._store.open_body(room.key + b"det" + key, body)[0]
+            )
+        return out
+
+    # -- the writer -----------------------------------------------------------------------
+
+    def write(
+        self,
+        tx: Tx,
+        room: Room,
+        update: Update,
+        event_key: Callable[[str], bytes] | None = None,
+    ) -> None:
+        """Apply one update; ``event_key`` may supply hashes the caller computed."""
+        event_key = event_key or self._store.event_key
+        match update:
+            case AggregateChanged(entries=entries):
+                self._put_aggregates(tx, room, entries, event_key)
+            case RelationIndexed(entries=entries):
+                events = [event_key(e) for e, _, _ in entries]
+                targets = [event_key(t) for _, t, _ in entries]
+                encrypt = self._store.cipher.encrypt
+                tx.executemany(
+                    "INSERT INTO history_relation (room, event, target, target_id, kind)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room, event) DO NOTHING",
+                    [
+                        (room.rid, e, t, encrypt(target.encode(), room.key + b"rel" + e), kind)
+                        for e, t, (_, target, kind) in zip(events, targets, entries, strict=True)
+                    ],
+                )
+            case MembersUpdated(members=members):
+                for record in members:
+                    self._put_member(tx, room, record)
+            case DetachedStored(event_id=event_id, event=event):
+                key = event_key(event_id)
+                body = (
+                    None
+                    if event is None
+                    else self._store.seal_body(room.key + b"det" + key, event, None)
+                )
+                tx.execute(
+                    "INSERT INTO history_detached (room, event, body) VALUES (?, ?, ?)"
+                    " ON CONFLICT (room, event) DO UPDATE SET body = excluded.body",
+                    (room.rid, key, body),
+                )

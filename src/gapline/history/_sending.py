@@ -1,0 +1,154 @@
+"""Commands that write to a room: messages (replies, thread replies), reactions, redactions,
+edits, read markers, typing.
+
+Each answers ``Ok`` once the homeserver accepted the request; what it causes
+(the message, the edit applied to its row, the reaction chip) arrives with
+the sync like anyone else's event, through the same relation rules. Only
+``MarkRead`` also moves the marker and this account's receipt at once (the
+server's echo then changes nothing). A homeserver's refusal answers
+``Failed`` with a readable line; a command about an event the cache cannot
+vouch for answers ``EventNotFound`` or ``Invalid``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gapline.history._cache_store import CacheStore
+from gapline.history._commits import Commits
+from gapline.history._failures import describe
+from gapline.history._relations import RelKind, is_redacted, relation_of
+from gapline.history._types import (
+    Answer,
+    EditMessage,
+    EventNotFound,
+    Failed,
+    Invalid,
+    MarkRead,
+    Ok,
+    RedactEvent,
+    SendMessage,
+    SendReaction,
+    SetTyping,
+)
+from gapline.history._walks import OFFLINE
+from gapline.matrix import MatrixClient, MatrixError
+
+__all__ = ["Sending"]
+
+
+class Sending:
+    """The writing commands of open rooms (the engine checks the room is open)."""
+
+    def __init__(
+        self,
+        store: CacheStore,
+        client: MatrixClient | None,
+        commits: Commits,
+        flush: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self._store = store
+        self._client = client
+        self._commits = commits
+        self._flush = flush
+
+    async def _call(self, call: Callable[[MatrixClient], Awaitable[Any]]) -> Answer:
+        if self._client is None:
+            return Failed(OFFLINE)
+        try:
+            await call(self._client)
+        except MatrixError as exc:
+            return Failed(describe(exc))
+        return Ok()
+
+    async def message(self, command: SendMessage) -> Answer:
+        content: dict[str, Any] = {"msgtype": "m.text", "body": command.body}
+        reply, root = command.in_reply_to, command.thread_root
+        if root is not None:
+            # A thread reply quotes the thread's newest event unless it answers one in
+            # particular: clients without threads then show it as a reply to that.
+            latest = root
+            aggregate = await self._store.aggregate(command.room_id, root)
+            if aggregate is not None and aggregate.thread and aggregate.thread.latest:
+                latest = aggregate.thread.latest.event_id
+            content["m.relates_to"] = {
+                "rel_type": "m.thread",
+                "event_id": root,
+                "is_falling_back": reply is None,
+                "m.in_reply_to": {"event_id": reply or latest},
+            }
+        elif reply is not None:
+            content["m.relates_to"] = {"m.in_reply_to": {"event_id": reply}}
+        return await self._call(lambda c: c.send_message(command.room_id, content))
+
+    async def reaction(self, command: SendReaction) -> Answer:
+        """Add the reaction, or take this account's reaction with that key back."""
+        me = self._client.user_id if self._client is not None else None
+        aggregate = await self._store.aggregate(command.room_id, command.event_id)
+        mine = [
+            a.event_id
+            for a in (aggregate.annotations if aggregate is not None else ())
+            if a.key == command.key and a.sender == me
+        ]
+        if mine:
+            return await self._call(lambda c: self._redact_all(c, command.room_id, mine))
+        return await self._call(
+            lambda c: c.send_reaction(command.room_id, command.event_id, command.key)
+        )
+
+    @staticmethod
+    async def _redact_all(client: MatrixClient, room_id: str, event_ids: list[str]) -> None:
+        for event_id in event_ids:
+            await client.redact(room_id, event_id)
+
+    async def redact(self, command: RedactEvent) -> Answer:
+        return await self._call(
+            lambda c: c.redact(command.room_id, command.event_id, reason=command.reason)
+        )
+
+    async def edit(self, command: EditMessage) -> Answer:
+        stored = await self._store.event(command.room_id, command.event_id)
+        if stored is None:
+            return EventNotFound()
+        original = stored.event
+        me = self._client.user_id if self._client is not None else None
+        if original.sender != me:
+            return Invalid("only your own messages can be edited")
+        relation = relation_of(original)
+        if (
+            original.state_key is not None
+            or is_redacted(original)
+            or (relation is not None and relation.kind is not RelKind.THREAD)
+        ):
+            return Invalid(
+                "only a message can be edited (not an edit, a reaction or a state event)"
+            )
+        msgtype = original.content.get("msgtype")
+        new = {"msgtype": msgtype if isinstance(msgtype, str) else "m.text", "body": command.body}
+        content = {
+            **new,
+            "body": "* " + command.body,
+            "m.new_content": new,
+            "m.relates_to": {"rel_type": "m.replace", "event_id": command.event_id},
+        }
+        return await self._call(lambda c: c.send_event(command.room_id, original.type, content))
+
+    async def mark_read(self, command: MarkRead) -> Answer:
+        room_id, event_id = command.room_id, command.event_id
+        answer = await self._call(
+            lambda c: c.set_read_markers(
+                room_id,
+                fully_read=event_id,
+                read=None if command.private else event_id,
+                read_private=event_id if command.private else None,
+            )
+        )
+        me = self._client.user_id if self._client is not None else None
+        if isinstance(answer, Ok) and me is not None:
+            await self._commits.room_write(room_id, lambda s: s.mark_read(me, event_id))
+            await self._flush(room_id)
+        return answer
+
+    async def typing(self, command: SetTyping) -> Answer:
+        return await self._call(lambda c: c.set_typing(command.room_id, typing=command.typing))
