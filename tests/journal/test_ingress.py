@@ -14,6 +14,7 @@ from gapline.journal import (
     DepartureOutcome,
     DepartureSource,
     EventKind,
+    EventRole,
     InboundEvent,
     Ingress,
     IngressPolicy,
@@ -27,13 +28,15 @@ BOT = "@bot:example.org"
 
 
 class RecordingJournal:
-    """An AdmissionView + MembershipView that records calls (and can break on demand)."""
+    """Ingress's four views, recording calls (and able to break on demand): no card or
+    interactive message is known, and recorded history gaps are kept."""
 
     def __init__(self) -> None:
         self.admitted: list[InboundEvent] = []
         self.fences: list[tuple[str, DepartureSource]] = []
         self.fail_on: str | None = None
         self.owed: dict[str, int] = {}
+        self.gaps: list[str] = []
 
     @property
     def principal_id(self) -> str:
@@ -59,6 +62,13 @@ class RecordingJournal:
 
     async def retire_owed_departure_reports(self, room_id: str) -> int:
         return self.owed.pop(room_id, 0)
+
+    async def event_role(self, room_id: str, event_id: str) -> EventRole | None:
+        return None
+
+    async def record_history_gap(self, room_id: str) -> int:
+        self.gaps.append(room_id)
+        return 0
 
 
 @pytest.fixture
