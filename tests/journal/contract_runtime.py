@@ -178,7 +178,10 @@ class RuntimeContract:
         return str(event.content["m.new_content"]["body"])
 
     @staticmethod
-    async def delivered(journal: PrincipalJournal, source: str) -> str | None:
+    async def delivered(bot: Bot | PrincipalJournal, source: str) -> str | None:
+        """The final answer's event id once ``source``'s turn is delivered (a probe)."""
+        journal = bot.journal if isinstance(bot, Bot) else bot
+        assert journal is not None
         turn = await journal.turn(source)
         return (
             turn.final_event_id if turn is not None and turn.state is TurnState.DELIVERED else None
@@ -204,9 +207,9 @@ class RuntimeContract:
             assert card.content[APPROVAL_KEY]["tool"] == "echo"
             assert card.content[APPROVAL_KEY]["arguments"] == {"text": "hello"}
             assert card.content["m.relates_to"]["m.in_reply_to"]["event_id"] == source
-            assert await self.delivered(bot.journal, source) is None  # it waits for the decision
+            assert await self.delivered(bot, source) is None  # it waits for the decision
             self.reply(fake, "alice", room, card.event_id, "approve")
-            final = await eventually(lambda: self.delivered(bot.journal, source), "the answer")
+            final = await eventually(lambda: self.delivered(bot, source), "the answer")
             assert self.final_body(fake, room, final) == "echo: hello"
             await eventually(lambda: self.resolved(fake, room, card.event_id), "the card resolved")
         assert len(self.cards(fake, room)) == 1
@@ -220,8 +223,9 @@ class RuntimeContract:
             source = fake.send_text("alice", room, "drop the table")
             card = await self.card_of(fake, room)
             react = self.react(fake, "alice", room, card.event_id, "❌")
-            final = await eventually(lambda: self.delivered(bot.journal, source), "the refusal")
+            final = await eventually(lambda: self.delivered(bot, source), "the refusal")
             assert self.final_body(fake, room, final).startswith("not approved (denied)")
+            assert bot.journal is not None
             assert react not in {p.event.event_id for p in await bot.journal.pending(50)}
 
     async def test_answered_twice_one_decision(
@@ -234,10 +238,11 @@ class RuntimeContract:
             card = await self.card_of(fake, room)
             self.reply(fake, "alice", room, card.event_id, "yes")
             self.react(fake, "alice", room, card.event_id, "👎")
-            final = await eventually(lambda: self.delivered(bot.journal, source), "the answer")
+            final = await eventually(lambda: self.delivered(bot, source), "the answer")
             assert self.final_body(fake, room, final) == "echo: twice"
 
             async def all_settled() -> bool:
+                assert bot.journal is not None
                 return not [p for p in await bot.journal.pending(50) if p.event.room_id == room]
 
             await eventually(all_settled, "both answers settled")
@@ -356,7 +361,7 @@ class RuntimeContract:
         async with self.bot(fake, journal_backend, handler=poll) as again:
             assert again.journal is not None
             later = fake.send_text("alice", room, "after the restart")
-            await eventually(lambda: self.delivered(again.journal, later), "the next answer")
+            await eventually(lambda: self.delivered(again, later), "the next answer")
         assert len(reactions) == 1
 
     # -- order ------------------------------------------------------------------------------
@@ -396,7 +401,7 @@ class RuntimeContract:
             (elsewhere,) = fake.send_messages("alice", other, ["meanwhile"])
 
             async def all_answered() -> list[str] | None:
-                finals = [await self.delivered(journal, s) for s in [*sources, elsewhere]]
+                finals = [await self.delivered(bot, s) for s in [*sources, elsewhere]]
                 return None if None in finals else [f for f in finals if f is not None]
 
             finals = await eventually(all_answered, "21 answers", within=60)
@@ -423,11 +428,11 @@ class RuntimeContract:
         async with self.bot(fake, journal_backend, handler=recall) as bot:
             assert bot.journal is not None
             root = fake.send_text("alice", room, "the thread is about this")
-            await eventually(lambda: self.delivered(bot.journal, root), "the root's answer")
+            await eventually(lambda: self.delivered(bot, root), "the root's answer")
             replies = [
                 self.in_thread(fake, "alice", room, root, f"in thread {i}") for i in range(7)
             ]
-            await eventually(lambda: self.delivered(bot.journal, replies[-1]), "the last answer")
+            await eventually(lambda: self.delivered(bot, replies[-1]), "the last answer")
         # Every turn in the thread saw the root first, over and above its 5 rows.
         in_thread = seen[1:]
         assert len(in_thread) == 7

@@ -6,6 +6,7 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from gapline.journal import (
@@ -20,7 +21,9 @@ from gapline.journal import (
     IngressPolicy,
     Provenance,
     RuntimeState,
+    room_member_sync_state_plan,
 )
+from gapline.matrix import JoinedRoom
 from gapline.matrix.testing import FakeHomeserver
 from gapline.storage import Backend, open_backend
 
@@ -206,3 +209,96 @@ async def test_runtime_state_is_per_principal(backend: Backend) -> None:
     await a.save_sync_token("s2")
     assert (await a.device_id(), await a.sync_token()) == ("DEVA", "s2")
     assert (await b.device_id(), await b.sync_token()) == (None, None)
+
+
+# -- contract 11: our own member events in the state block ---------------------------------
+
+
+def _member(event_id: str, membership: str, prev: str | None) -> dict[str, Any]:
+    unsigned = {} if prev is None else {"prev_content": {"membership": prev}}
+    return {
+        "event_id": event_id,
+        "type": "m.room.member",
+        "sender": BOT,
+        "state_key": BOT,
+        "origin_server_ts": 1,
+        "content": {"membership": membership},
+        "unsigned": unsigned,
+    }
+
+
+def _joined(limited: bool, *state: dict[str, Any]) -> JoinedRoom:
+    other = {**_member("$someone", "join", None), "state_key": "@alice:example.org"}
+    return msgspec.convert(
+        {"timeline": {"events": [], "limited": limited}, "state": {"events": [*state, other]}},
+        JoinedRoom,
+    )
+
+
+def test_the_state_plan_chooses_dispatch_or_baseline_and_labels_nothing() -> None:
+    def plan(room: JoinedRoom, *, initial: bool = False) -> tuple[list[str], list[str]]:
+        got = room_member_sync_state_plan(room, principal_id=BOT, initial=initial)
+        return [e.event_id for e in got.dispatch], [e.event_id for e in got.record]
+
+    # A first sync, or a timeline that is not limited: where this journal starts.
+    assert plan(_joined(True, _member("$j", "join", "invite")), initial=True) == ([], ["$j"])
+    assert plan(_joined(False, _member("$l", "leave", "join"))) == ([], ["$l"])
+    # Limited: a departure inside the gap is dispatched (not an invite's rejection) ...
+    assert plan(_joined(True, _member("$kick", "leave", "join"))) == (["$kick"], [])
+    assert plan(_joined(True, _member("$ban", "ban", None))) == (["$ban"], [])
+    assert plan(_joined(True, _member("$reject", "leave", "invite"))) == ([], [])
+    # ... a membership that began inside it is a baseline record; a profile change asks nothing.
+    assert plan(_joined(True, _member("$j", "join", "invite"))) == ([], ["$j"])
+    assert plan(_joined(True, _member("$j", "join", None))) == ([], ["$j"])
+    assert plan(_joined(True, _member("$p", "join", "join"))) == ([], [])
+
+
+async def test_a_departure_only_the_state_block_shows_is_fenced_once(backend: Backend) -> None:
+    fake = FakeHomeserver()
+    fake.register("alice")
+    alice = fake.user_id("alice")
+    room = fake.create_room(alice, members=[BOT])
+    journal = RecordingJournal()
+    state = await RuntimeState.open(backend, BOT)
+    async with fake.client(fake.register("bot")) as client:
+        ingress = Ingress(journal, client, state)
+        await sync_once(ingress, client)
+        token = await state.sync_token()
+        fake.kick(alice, room, BOT)
+        while_out = fake.send_messages(alice, room, [f"while out {i}" for i in range(6)])
+        fake.join(BOT, room)
+        after = fake.send_text(alice, room, "welcome back")
+        # The timeline (limit 5) starts after the kick: only the state block holds it.
+        await sync_once(ingress, client)
+        await state.save_sync_token(token or "")  # redelivered, as after a crash
+        await sync_once(ingress, client)
+    assert journal.fences == [(room, DepartureSource.REPORTED)]
+    seen = by_id(journal)
+    assert seen[after].kind is EventKind.ACTIONABLE
+    # What the timeline holds from before our rejoin is context, and the gap is not
+    # completed: it predates the membership.
+    assert all(seen[e].kind is EventKind.CONTEXT_ONLY for e in while_out if e in seen)
+    assert while_out[0] not in seen
+
+
+async def test_a_gap_the_completion_could_not_fetch_is_recorded(backend: Backend) -> None:
+    fake = FakeHomeserver()
+    fake.register("alice")
+    alice = fake.user_id("alice")
+    room = fake.create_room(alice, members=[BOT])
+    journal = RecordingJournal()
+    state = await RuntimeState.open(backend, BOT)
+    async with fake.client(fake.register("bot")) as client:
+        ingress = Ingress(journal, client, state)
+        await sync_once(ingress, client)
+        burst = fake.send_messages(alice, room, [f"burst {i}" for i in range(8)])
+        fake.fail("messages", status=403, errcode="M_FORBIDDEN", times=None)
+        await sync_once(ingress, client)
+        # Completed within its budget, nothing is recorded.
+        fake.clear_faults()
+        more = fake.send_messages(alice, room, [f"more {i}" for i in range(8)])
+        await sync_once(ingress, client)
+    assert journal.gaps == [room]
+    seen = by_id(journal)
+    assert [e for e in burst if e in seen] == burst[-5:]  # the timeline, not the gap
+    assert all(e in seen for e in more)
