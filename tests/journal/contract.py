@@ -752,6 +752,44 @@ class JournalContract:
         )
         assert await bot.epoch(ROOM) == 1
 
+    async def test_a_report_is_applied_once_per_reporting_event(
+        self, bot: PrincipalJournal, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        reported = DepartureSource.REPORTED
+        assert await bot.fence_departure(ROOM, source=reported, report_id="$kick") is (
+            DepartureOutcome.ADVANCED
+        )
+        assert await bot.fence_departure(ROOM, source=reported, report_id="$kick") is (
+            DepartureOutcome.ALREADY_REPORTED
+        )
+        assert await bot.epoch(ROOM) == 1
+        await bot.fence_departure(ROOM, source=DepartureSource.LOCAL)
+        assert await bot.fence_departure(ROOM, source=reported, report_id="$leave") is (
+            DepartureOutcome.ECHO_RETIRED
+        )
+        assert await bot.fence_departure(ROOM, source=reported, report_id="$leave") is (
+            DepartureOutcome.ALREADY_REPORTED
+        )
+        assert (await bot.epoch(ROOM), await bot.rooms_owing_departure_reports()) == (2, ())
+        with pytest.raises(ValueError):
+            await bot.fence_departure(ROOM, source=DepartureSource.LOCAL, report_id="$x")
+        # The record rides in the fence's transaction: an advance that raises records
+        # nothing, so the redelivered report is applied then.
+        original = _membership.advance_epoch
+
+        def failing(tx: Any, p: str, room_id: str) -> int:
+            original(tx, p, room_id)
+            raise RuntimeError("injected failure after the advance statements")
+
+        monkeypatch.setattr(_membership, "advance_epoch", failing)
+        with pytest.raises(RuntimeError):
+            await bot.fence_departure(ROOM, source=reported, report_id="$ban")
+        monkeypatch.setattr(_membership, "advance_epoch", original)
+        assert await bot.fence_departure(ROOM, source=reported, report_id="$ban") is (
+            DepartureOutcome.ADVANCED
+        )
+        assert await bot.epoch(ROOM) == 3
+
     async def test_advance_drops_projection_and_sweeps_turn_backed_events(
         self, bot: PrincipalJournal, journal_backend: Backend
     ) -> None:

@@ -40,6 +40,7 @@ class RecordingJournal:
         self.fail_on: str | None = None
         self.owed: dict[str, int] = {}
         self.gaps: list[str] = []
+        self.reports: set[str] = set()
 
     @property
     def principal_id(self) -> str:
@@ -56,7 +57,14 @@ class RecordingJournal:
         self.admitted.append(event)
         return AdmitOutcome.ADMITTED
 
-    async def fence_departure(self, room_id: str, *, source: DepartureSource) -> DepartureOutcome:
+    async def fence_departure(
+        self, room_id: str, *, source: DepartureSource, report_id: str | None = None
+    ) -> DepartureOutcome:
+        # As the store does: a report is applied once per reporting event.
+        if report_id is not None and report_id in self.reports:
+            return DepartureOutcome.ALREADY_REPORTED
+        if report_id is not None:
+            self.reports.add(report_id)
         self.fences.append((room_id, source))
         return DepartureOutcome.ADVANCED
 
@@ -302,3 +310,27 @@ async def test_a_gap_the_completion_could_not_fetch_is_recorded(backend: Backend
     seen = by_id(journal)
     assert [e for e in burst if e in seen] == burst[-5:]  # the timeline, not the gap
     assert all(e in seen for e in more)
+
+
+async def test_a_rejoin_inside_the_gap_still_completes_it(backend: Backend) -> None:
+    """The state block shows only the join; the completion still pages the gap back: the
+    departure before the join is fenced, what preceded the join is context, and what
+    came after it is recovered and answered."""
+    fake = FakeHomeserver()
+    fake.register("alice")
+    alice = fake.user_id("alice")
+    room = fake.create_room(alice, members=[BOT])
+    journal = RecordingJournal()
+    async with fake.client(fake.register("bot")) as client:
+        ingress = Ingress(journal, client, await RuntimeState.open(backend, BOT))
+        await sync_once(ingress, client)
+        fake.kick(alice, room, BOT)
+        while_out = fake.send_messages(alice, room, ["while out 0", "while out 1"])
+        fake.join(BOT, room)
+        back = fake.send_messages(alice, room, [f"back {i}" for i in range(8)])
+        await sync_once(ingress, client)  # limit 5: the kick and the join are in the gap
+    assert journal.fences == [(room, DepartureSource.REPORTED)]
+    seen = by_id(journal)
+    assert [seen[e].kind for e in while_out] == [EventKind.CONTEXT_ONLY] * 2
+    assert all(seen[e].kind is EventKind.ACTIONABLE for e in back)
+    assert all(seen[e].provenance is Provenance.RECOVERED for e in [*while_out, *back])

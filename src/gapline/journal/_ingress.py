@@ -385,13 +385,17 @@ class Ingress:
             for departure in plan.dispatch:
                 # Before the timeline: its events belong to the membership that followed.
                 await self._reported_departure(room_id, departure.event_id)
+            for join in () if initial else plan.record:
+                log.info(
+                    "membership began inside the gap",
+                    extra={"room_id": room_id, "event_id": join.event_id},
+                )
             completed = await complete_timeline(
                 self.client,
                 room_id,
                 joined,
                 principal_id=self.principal_id,
                 since=None if initial else since,
-                baseline=bool(plan.record),
                 page_size=self.policy.recovery_page_size,
                 max_pages=self.policy.recovery_max_pages,
             )
@@ -484,21 +488,23 @@ class Ingress:
     async def _reported_departure(self, room_id: str, leave_event_id: str | None) -> None:
         """Fence a departure the server reported, once per leave event.
 
-        The leave event's id is the report's identity, remembered in the runtime
-        state, so a batch redelivered after a crash does not fence twice, and
-        two leaves before one sync are two reports, each retiring the report
-        its local leave owes.
+        The leave event's id is the report's identity, recorded by the store in the
+        fence's own transaction, so a batch redelivered after a crash (or after a
+        cancellation between the two) does not fence twice, and two leaves before one
+        sync are two reports, each retiring the report its local leave owes. (Stores
+        written by an earlier gapline remembered reports in the runtime state; those
+        markers are still honoured.)
         """
-        marker = None if leave_event_id is None else f"reported:{leave_event_id}"
-        if marker is not None and await self.state.get(marker) is not None:
+        legacy = None if leave_event_id is None else f"reported:{leave_event_id}"
+        if legacy is not None and await self.state.get(legacy) is not None:
             return
-        outcome = await self.journal.fence_departure(room_id, source=DepartureSource.REPORTED)
+        outcome = await self.journal.fence_departure(
+            room_id, source=DepartureSource.REPORTED, report_id=leave_event_id
+        )
         log.info(
             "departure reported",
             extra={"room_id": room_id, "event_id": leave_event_id, "outcome": outcome.value},
         )
-        if marker is not None:
-            await self.state.put(marker, outcome.value)
 
     async def _invited(self, room_id: str, invite_state: Sequence[Any]) -> None:
         inviter = next(

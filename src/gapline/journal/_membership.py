@@ -45,7 +45,7 @@ class MembershipView(Protocol):
     async def epoch(self, room_id: str) -> int: ...
 
     async def fence_departure(
-        self, room_id: str, *, source: DepartureSource
+        self, room_id: str, *, source: DepartureSource, report_id: str | None = None
     ) -> DepartureOutcome: ...
 
     async def rooms_owing_departure_reports(self, limit: int = 1000) -> tuple[str, ...]: ...
@@ -93,8 +93,22 @@ def advance_epoch(tx: Tx, p: str, room_id: str) -> int:
     return int(row[0])
 
 
-def fence_departure(tx: Tx, p: str, room_id: str, source: DepartureSource) -> DepartureOutcome:
+def fence_departure(
+    tx: Tx, p: str, room_id: str, source: DepartureSource, report_id: str | None = None
+) -> DepartureOutcome:
+    """Apply one departure. ``report_id`` (REPORTED only) is the event that reported it:
+    recorded in this transaction, so a redelivery of that event does nothing."""
     lock_room(tx, p, room_id, exclusive=True)
+    if report_id is not None:
+        if source is not DepartureSource.REPORTED:
+            raise ValueError("only a reported departure has a reporting event")
+        fresh = tx.one(
+            "INSERT INTO journal_reported_departures (principal_id, room_id, event_id)"
+            " VALUES (?, ?, ?) ON CONFLICT DO NOTHING RETURNING 1",
+            (p, room_id, report_id),
+        )
+        if fresh is None:
+            return DepartureOutcome.ALREADY_REPORTED
     if source is DepartureSource.REPORTED:
         owed = tx.one(
             "SELECT epoch FROM journal_owed_departures WHERE principal_id = ? AND room_id = ?"

@@ -208,6 +208,16 @@ CREATE INDEX approval_cards_room ON approval_cards (principal_id, room_id);
 CREATE INDEX approval_cards_continuation
     ON approval_cards (continuation_principal_id, approval_id);
 
+-- Reported departures by the event that reported them (a leave or ban of ours): a sync
+-- that redelivers the event fences nothing again. Written in the fence's own
+-- transaction, so no crash or cancellation falls between the advance and its record.
+CREATE TABLE journal_reported_departures (
+    principal_id TEXT {C} NOT NULL,
+    room_id TEXT {C} NOT NULL,
+    event_id TEXT {C} NOT NULL,
+    PRIMARY KEY (principal_id, room_id, event_id)
+);
+
 -- Messages of ours a turn asked reactions on (INTERACTIVE_REACTION): a reaction with
 -- one of keys becomes a turn of its own. Derived under a membership: an epoch
 -- advance drops the room's rows.

@@ -149,9 +149,19 @@ class PrincipalJournal:
         """The room's current membership epoch (0 until the first departure)."""
         return await self._backend.read(partial(_epochs.current_epoch, p=self._p, room_id=room_id))
 
-    async def fence_departure(self, room_id: str, *, source: DepartureSource) -> DepartureOutcome:
+    async def fence_departure(
+        self, room_id: str, *, source: DepartureSource, report_id: str | None = None
+    ) -> DepartureOutcome:
+        """Apply a departure exactly once (``_membership``); ``report_id``, the event that
+        reported it, makes a redelivered report a no-op (``ALREADY_REPORTED``)."""
         return await self._backend.write(
-            partial(_membership.fence_departure, p=self._p, room_id=room_id, source=source)
+            partial(
+                _membership.fence_departure,
+                p=self._p,
+                room_id=room_id,
+                source=source,
+                report_id=report_id,
+            )
         )
 
     async def rooms_owing_departure_reports(self, limit: int = 1000) -> tuple[str, ...]:

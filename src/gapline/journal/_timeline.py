@@ -106,9 +106,10 @@ class MemberStatePlan:
 
     ``dispatch``: departures the timeline never showed (the server left them in the
     gap), each to be fenced once as a reported departure before the timeline is
-    admitted. ``record``: a membership that started inside the gap, recorded as the
-    room's baseline: what the gap holds from before it predates us, so the gap is not
-    completed (the same rule as our join inside a timeline).
+    admitted. ``record``: a membership that started inside the gap, the room's new
+    baseline: the gap is still completed (what came after the join was said to us, and
+    a departure before it must still be fenced), and whatever the completion finds from
+    before the join is context, never a turn, as for our join inside a timeline.
     """
 
     dispatch: tuple[ClientEvent, ...] = ()
@@ -166,15 +167,14 @@ async def complete_timeline(
     *,
     principal_id: str,
     since: str | None,
-    baseline: bool,
     page_size: int,
     max_pages: int,
 ) -> CompletedTimeline:
     """Label the room's timeline and, when it is limited, complete it back to ``since``.
 
-    No completion when the timeline or the state block holds a membership of ours that
-    began inside the gap (``baseline``, or our join in the timeline): what the gap holds
-    before it was sent while we were not a member.
+    No completion when the timeline holds our join: the whole gap predates the
+    membership. (When the state block says our membership began inside the gap, the gap
+    holds the join: ingress admits what precedes it there as context.)
     """
     timeline = room.timeline
     provenance = timeline_provenance(initial=since is None, limited=timeline.limited)
@@ -183,12 +183,16 @@ async def complete_timeline(
         since is None
         or not timeline.limited
         or timeline.prev_batch is None
-        or baseline
         or any(is_own_new_join(e, principal_id) for e in events)
     ):
         return CompletedTimeline((), events, provenance)
     gap, complete = await _page_back(
-        source, room_id, timeline.prev_batch, since, page_size=page_size, max_pages=max_pages
+        source,
+        room_id,
+        timeline.prev_batch,
+        since,
+        page_size=page_size,
+        max_pages=max_pages,
     )
     return CompletedTimeline(tuple(gap), events, provenance, complete)
 

@@ -295,6 +295,7 @@ class DepartureOutcome(enum.Enum):
     ADVANCED_OWING_REPORT = "advanced_owing_report"  # LOCAL: epoch advanced, echo owed
     ADVANCED = "advanced"  # REPORTED with nothing owed: epoch advanced
     ECHO_RETIRED = "echo_retired"  # REPORTED: consumed one owed report, no advance
+    ALREADY_REPORTED = "already_reported"  # REPORTED again by the same event: nothing done
 
 
 # -- outbox and turns -----------------------------------------------------------------
