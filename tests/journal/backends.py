@@ -17,11 +17,7 @@ from gapline.storage import Backend, open_backend
 __all__ = ["PostgresJournalBackend", "SQLiteJournalBackend"]
 
 
-class SQLiteJournalBackend:
-    @pytest.fixture
-    def journal_dsn(self, tmp_path: Path) -> str:
-        return str(tmp_path / "journal.sqlite3")
-
+class _OpenedOnItsDsn:
     @pytest.fixture
     async def journal_backend(self, journal_dsn: str) -> AsyncIterator[Backend]:
         backend = await open_backend(journal_dsn)
@@ -31,18 +27,16 @@ class SQLiteJournalBackend:
             await backend.close()
 
 
-class PostgresJournalBackend:
+class SQLiteJournalBackend(_OpenedOnItsDsn):
+    @pytest.fixture
+    def journal_dsn(self, tmp_path: Path) -> str:
+        return str(tmp_path / "journal.sqlite3")
+
+
+class PostgresJournalBackend(_OpenedOnItsDsn):
     """A database whose default collation is ICU ``en-US`` (``'a' < 'B'``), so an ordered
     text key that forgot ``COLLATE "C"`` orders differently from SQLite and fails."""
 
     @pytest.fixture
     def journal_dsn(self, make_postgres_dsn: Callable[..., str]) -> str:
         return make_postgres_dsn(icu_locale="en-US")
-
-    @pytest.fixture
-    async def journal_backend(self, journal_dsn: str) -> AsyncIterator[Backend]:
-        backend = await open_backend(journal_dsn)
-        try:
-            yield backend
-        finally:
-            await backend.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -36,7 +35,17 @@ from gapline.journal import (
 )
 from gapline.journal._approval_cards import card_content
 from gapline.storage import Backend
-from tests.journal.contract import ALICE, BOT, MALLORY, ROOM, edit, message, raw, redaction
+from tests.journal.contract import (
+    ALICE,
+    BOT,
+    MALLORY,
+    ROOM,
+    JournalFixtures,
+    edit,
+    message,
+    raw,
+    redaction,
+)
 
 COORDINATOR = "@coordinator:example.org"
 FAR = 2**62  # a deadline nobody reaches
@@ -73,20 +82,7 @@ def content_of(delivery: Delivery) -> dict[str, Any]:
     return json.loads(delivery.content)
 
 
-class ApprovalContract:
-    @pytest.fixture
-    async def journal_backend(self) -> AsyncIterator[Backend]:
-        raise NotImplementedError
-        yield  # pragma: no cover
-
-    @pytest.fixture
-    async def store(self, journal_backend: Backend) -> JournalStore:
-        return await JournalStore.open(journal_backend)
-
-    @pytest.fixture
-    def bot(self, store: JournalStore) -> PrincipalJournal:
-        return store.principal(BOT)
-
+class ApprovalContract(JournalFixtures):
     @staticmethod
     async def turn(bot: PrincipalJournal, source: str = "$q") -> str:
         await bot.admit(

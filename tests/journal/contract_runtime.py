@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
@@ -22,7 +22,6 @@ from gapline.journal import (
     APPROVAL_KEY,
     Approval,
     Bot,
-    BotConfig,
     Conversation,
     ConversationKey,
     ConversationNotReady,
@@ -48,6 +47,8 @@ from gapline.matrix import ClientEvent
 from gapline.matrix.testing import FakeHomeserver
 from gapline.storage import Backend
 from tests.activity import Activity
+from tests.journal.bots import bot_running
+from tests.journal.contract import JournalFixtures
 
 T = TypeVar("T")
 
@@ -77,12 +78,7 @@ def as_line(row: ConversationRow) -> dict[str, Any]:
     }
 
 
-class RuntimeContract:
-    @pytest.fixture
-    async def journal_backend(self) -> AsyncIterator[Backend]:
-        raise NotImplementedError
-        yield  # pragma: no cover
-
+class RuntimeContract(JournalFixtures):
     @pytest.fixture
     def fake(self) -> FakeHomeserver:
         fake = FakeHomeserver()
@@ -90,35 +86,11 @@ class RuntimeContract:
             fake.register(name)
         return fake
 
-    @contextlib.asynccontextmanager
-    async def bot(
-        self, fake: FakeHomeserver, backend: Backend, *, handler: Handler = echo, **config: Any
-    ) -> AsyncGenerator[Bot]:
-        activity = Activity.current()
-        bot = Bot(
-            BotConfig(
-                homeserver=fake.base_url,
-                user=fake.user_id("bot"),
-                password="password",
-                store="(the test's backend)",
-                handler=handler,
-                **config,
-            ),
-            backend=activity.backend(backend),
-            transport=activity.transport(fake.transport),
-        )
-        task = asyncio.create_task(bot.run())
-        try:
-            ready = asyncio.create_task(bot.ready.wait())
-            done, _ = await asyncio.wait({task, ready}, timeout=30, return_when="FIRST_COMPLETED")
-            if task in done:
-                task.result()
-            assert ready in done
-            yield bot
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    @staticmethod
+    def running(
+        fake: FakeHomeserver, backend: Backend, *, handler: Handler = echo, **config: Any
+    ) -> contextlib.AbstractAsyncContextManager[Bot]:
+        return bot_running(fake, backend, handler=handler, **config)
 
     @staticmethod
     def room(fake: FakeHomeserver, *members: str) -> str:
@@ -200,7 +172,7 @@ class RuntimeContract:
         self, fake: FakeHomeserver, journal_backend: Backend
     ) -> None:
         room = self.room(fake, "bot")
-        async with self.bot(fake, journal_backend, handler=approve) as bot:
+        async with self.running(fake, journal_backend, handler=approve) as bot:
             assert bot.journal is not None
             source = fake.send_text("alice", room, "hello")
             card = await self.card_of(fake, room)
@@ -218,7 +190,7 @@ class RuntimeContract:
 
     async def test_an_approval_denied(self, fake: FakeHomeserver, journal_backend: Backend) -> None:
         room = self.room(fake, "bot")
-        async with self.bot(fake, journal_backend, handler=approve) as bot:
+        async with self.running(fake, journal_backend, handler=approve) as bot:
             assert bot.journal is not None
             source = fake.send_text("alice", room, "drop the table")
             card = await self.card_of(fake, room)
@@ -232,7 +204,7 @@ class RuntimeContract:
         self, fake: FakeHomeserver, journal_backend: Backend
     ) -> None:
         room = self.room(fake, "bot")
-        async with self.bot(fake, journal_backend, handler=approve) as bot:
+        async with self.running(fake, journal_backend, handler=approve) as bot:
             assert bot.journal is not None
             source = fake.send_text("alice", room, "twice")
             card = await self.card_of(fake, room)
@@ -253,7 +225,7 @@ class RuntimeContract:
         self, fake: FakeHomeserver, journal_backend: Backend
     ) -> None:
         room = self.room(fake, "bot", "mallory")
-        async with self.bot(fake, journal_backend, handler=approve) as bot:
+        async with self.running(fake, journal_backend, handler=approve) as bot:
             journal = bot.journal
             assert journal is not None
             source = fake.send_text("alice", room, "guarded")
@@ -276,7 +248,7 @@ class RuntimeContract:
         self, fake: FakeHomeserver, journal_backend: Backend
     ) -> None:
         room = self.room(fake, "bot")
-        async with self.bot(fake, journal_backend, handler=approve) as bot:
+        async with self.running(fake, journal_backend, handler=approve) as bot:
             journal = bot.journal
             assert journal is not None
             source = fake.send_text("alice", room, "too late")
@@ -335,7 +307,7 @@ class RuntimeContract:
                 yield Progress("counting")
                 yield Final(f"thanks for {message.reaction.key}")
 
-        async with self.bot(fake, journal_backend, handler=poll) as bot:
+        async with self.running(fake, journal_backend, handler=poll) as bot:
             journal = bot.journal
             assert journal is not None
             source = fake.send_text("alice", room, "lunch at noon?")
@@ -358,7 +330,7 @@ class RuntimeContract:
         (reply,) = [e for e in fake.events(room) if e.event_id == vote_turn.initial_event_id]
         assert reply.content["m.relates_to"]["m.in_reply_to"]["event_id"] == answer
         # A restart finds the reaction settled: it is never dispatched again.
-        async with self.bot(fake, journal_backend, handler=poll) as again:
+        async with self.running(fake, journal_backend, handler=poll) as again:
             assert again.journal is not None
             later = fake.send_text("alice", room, "after the restart")
             await eventually(lambda: self.delivered(again, later), "the next answer")
@@ -393,7 +365,7 @@ class RuntimeContract:
             running[room] -= 1
             yield Final(f"echo: {message.body}")
 
-        async with self.bot(fake, journal_backend, handler=ordered) as bot:
+        async with self.running(fake, journal_backend, handler=ordered) as bot:
             journal = bot.journal
             assert journal is not None
             bodies = [f"burst {i}" for i in range(20)]
@@ -425,7 +397,7 @@ class RuntimeContract:
             seen.append([r.body for r in rows])
             yield Final(f"{len(rows)} rows")
 
-        async with self.bot(fake, journal_backend, handler=recall) as bot:
+        async with self.running(fake, journal_backend, handler=recall) as bot:
             assert bot.journal is not None
             root = fake.send_text("alice", room, "the thread is about this")
             await eventually(lambda: self.delivered(bot, root), "the root's answer")

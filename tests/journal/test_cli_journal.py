@@ -59,6 +59,28 @@ def seed(store: Path, events: list[ClientEvent], principal: str = BOT) -> None:
     asyncio.run(go())
 
 
+def redacted_revision() -> tuple[ClientEvent, ClientEvent, ClientEvent]:
+    """A message, its edit, and the redaction of that visible edit (a refresh debt)."""
+    original = message(0, "v0")
+    fix = message(
+        1,
+        "* v1",
+        **{
+            "m.new_content": {"msgtype": "m.text", "body": "v1"},
+            "m.relates_to": {"rel_type": "m.replace", "event_id": original.event_id},
+        },
+    )
+    redaction = ClientEvent(
+        event_id="$red:example.org",
+        type="m.room.redaction",
+        sender="@alice:example.org",
+        origin_server_ts=1_700_000_000_100,
+        content={"redacts": fix.event_id},
+        redacts=fix.event_id,
+    )
+    return original, fix, redaction
+
+
 def read(
     capsys: pytest.CaptureFixture[str], store: Path, *extra: str, principal: str = BOT
 ) -> tuple[int, list[dict[str, object]], str]:
@@ -112,23 +134,7 @@ def test_a_redacted_revision_is_omitted_or_fails_a_strict_read(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = tmp_path / "j.sqlite3"
-    original = message(0, "v0")
-    fix = message(
-        1,
-        "* v1",
-        **{
-            "m.new_content": {"msgtype": "m.text", "body": "v1"},
-            "m.relates_to": {"rel_type": "m.replace", "event_id": original.event_id},
-        },
-    )
-    redaction = ClientEvent(
-        event_id="$red:example.org",
-        type="m.room.redaction",
-        sender="@alice:example.org",
-        origin_server_ts=1_700_000_000_100,
-        content={"redacts": fix.event_id},
-        redacts=fix.event_id,
-    )
+    original, fix, redaction = redacted_revision()
     seed(store, [original, fix, redaction])
     code, rows, _ = read(capsys, store)
     assert code == 0 and rows == []
@@ -255,23 +261,7 @@ def test_export_reads_only_and_fails_in_one_line(
     assert code == 4 and out == "" and len(err.strip().splitlines()) == 1
     assert not missing.exists()  # never a new empty journal
     store = tmp_path / "j.sqlite3"
-    original = message(0, "v0")
-    fix = message(
-        1,
-        "* v1",
-        **{
-            "m.new_content": {"msgtype": "m.text", "body": "v1"},
-            "m.relates_to": {"rel_type": "m.replace", "event_id": original.event_id},
-        },
-    )
-    redaction = ClientEvent(
-        event_id="$red:example.org",
-        type="m.room.redaction",
-        sender="@alice:example.org",
-        origin_server_ts=1_700_000_000_100,
-        content={"redacts": fix.event_id},
-        redacts=fix.event_id,
-    )
+    original, fix, redaction = redacted_revision()
     seed(store, [original, fix, redaction, message(2, "fine")])
     code, out, err = export(capsys, store, "--format", "jsonl")
     assert code == 0 and [json.loads(line)["body"] for line in out.splitlines()] == ["fine"]

@@ -222,6 +222,14 @@ async def test_runtime_state_is_per_principal(backend: Backend) -> None:
 # -- contract 11: our own member events in the state block ---------------------------------
 
 
+def room_with_the_bot() -> tuple[FakeHomeserver, str, str]:
+    """A fake homeserver, alice, and her room the bot is a member of."""
+    fake = FakeHomeserver()
+    fake.register("alice")
+    alice = fake.user_id("alice")
+    return fake, alice, fake.create_room(alice, members=[BOT])
+
+
 def _member(event_id: str, membership: str, prev: str | None) -> dict[str, Any]:
     unsigned = {} if prev is None else {"prev_content": {"membership": prev}}
     return {
@@ -262,10 +270,7 @@ def test_the_state_plan_chooses_dispatch_or_baseline_and_labels_nothing() -> Non
 
 
 async def test_a_departure_only_the_state_block_shows_is_fenced_once(backend: Backend) -> None:
-    fake = FakeHomeserver()
-    fake.register("alice")
-    alice = fake.user_id("alice")
-    room = fake.create_room(alice, members=[BOT])
+    fake, alice, room = room_with_the_bot()
     journal = RecordingJournal()
     state = await RuntimeState.open(backend, BOT)
     async with fake.client(fake.register("bot")) as client:
@@ -290,10 +295,7 @@ async def test_a_departure_only_the_state_block_shows_is_fenced_once(backend: Ba
 
 
 async def test_a_gap_the_completion_could_not_fetch_is_recorded(backend: Backend) -> None:
-    fake = FakeHomeserver()
-    fake.register("alice")
-    alice = fake.user_id("alice")
-    room = fake.create_room(alice, members=[BOT])
+    fake, alice, room = room_with_the_bot()
     journal = RecordingJournal()
     state = await RuntimeState.open(backend, BOT)
     async with fake.client(fake.register("bot")) as client:
@@ -316,10 +318,7 @@ async def test_a_rejoin_inside_the_gap_still_completes_it(backend: Backend) -> N
     """The state block shows only the join; the completion still pages the gap back: the
     departure before the join is fenced, what preceded the join is context, and what
     came after it is recovered and answered."""
-    fake = FakeHomeserver()
-    fake.register("alice")
-    alice = fake.user_id("alice")
-    room = fake.create_room(alice, members=[BOT])
+    fake, alice, room = room_with_the_bot()
     journal = RecordingJournal()
     async with fake.client(fake.register("bot")) as client:
         ingress = Ingress(journal, client, await RuntimeState.open(backend, BOT))

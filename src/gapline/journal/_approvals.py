@@ -137,20 +137,44 @@ def open_approval(
         ),
     )
     content = request.card_content
-    write_delivery(
+    _card_delivery(
         tx,
         card_p,
-        delivery_id=request.approval_id,
-        stage=DeliveryStage.INITIAL,
+        request.approval_id,
+        DeliveryStage.INITIAL,
         turn_id=turn.turn_id,
         room_id=room,
         thread=thread,
-        event_type="m.room.message",
         content=content.encode("utf-8") if isinstance(content, str) else bytes(content),
+    )
+    return approval(tx, continuation_p, request.approval_id)
+
+
+def _card_delivery(
+    tx: Tx,
+    card_p: str,
+    approval_id: str,
+    stage: DeliveryStage,
+    *,
+    turn_id: str,
+    room_id: str,
+    thread: str,
+    content: bytes,
+) -> None:
+    """A card (INITIAL) or its resolution edit (FINAL), in the card principal's outbox."""
+    write_delivery(
+        tx,
+        card_p,
+        delivery_id=approval_id,
+        stage=stage,
+        turn_id=turn_id,
+        room_id=room_id,
+        thread=thread,
+        event_type="m.room.message",
+        content=content,
         purpose=DeliveryPurpose.APPROVAL_CARD,
         outbox_channel=channel("outbox", card_p),
     )
-    return approval(tx, continuation_p, request.approval_id)
 
 
 def _decide(
@@ -176,18 +200,15 @@ def _decide(
         edit = resolution_content(
             current.card_event_id, current.approval_id, current.call, decision, by=by, reason=reason
         )
-        write_delivery(
+        _card_delivery(
             tx,
             card_p,
-            delivery_id=current.approval_id,
-            stage=DeliveryStage.FINAL,
+            current.approval_id,
+            DeliveryStage.FINAL,
             turn_id=current.turn_id,
             room_id=current.room_id,
             thread="" if current.thread_id is None else current.thread_id,
-            event_type="m.room.message",
             content=msgspec.json.encode(edit),
-            purpose=DeliveryPurpose.APPROVAL_CARD,
-            outbox_channel=channel("outbox", card_p),
         )
     return True
 

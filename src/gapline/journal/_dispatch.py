@@ -101,15 +101,19 @@ def due_turns(
 ) -> list[Routed]:
     """The turns to start now, at most ``free``: per room, the first turn-backed event
     in receipt order that is not stepping aside (its retry pause), and only in a room
-    where no turn runs. ``routed`` is in receipt order."""
+    where no turn runs and no event is held back (``DEFER``) before it. ``routed`` is in
+    receipt order."""
     chosen: list[Routed] = []
     started: set[str] = set()
     for item in routed:
         if len(chosen) >= free:
             break
+        room = item.room_id
+        if item.route is Route.DEFER:
+            started.add(room)  # what may answer a card holds the room's later turns back
+            continue
         if item.route not in TURN_ROUTES:
             continue
-        room = item.room_id
         if room in busy_rooms or room in started:
             continue
         if stepping_aside(item.pending.event.event_id):

@@ -28,7 +28,7 @@ from gapline.journal._hydration import EXPORT_BOUNDS, HydrationBounds
 from gapline.journal._reader import ConversationReader
 from gapline.journal._types import ConversationKey, ConversationRow, Cursor
 
-__all__ = ["EXPORT_PAGE_SIZE", "ExportFormat", "ExportSummary", "export_conversation"]
+__all__ = ["EXPORT_PAGE_SIZE", "ExportFormat", "ExportSummary", "export_conversation", "row_line"]
 
 EXPORT_PAGE_SIZE = 1000
 
@@ -48,7 +48,8 @@ class ExportSummary:
     not_ready: str | None  # the hydration failed, and this is what was projected
 
 
-def _jsonl(row: ConversationRow) -> str:
+def row_line(row: ConversationRow) -> str:
+    """One row as a JSON line: what ``journal read`` prints and a JSON-lines export writes."""
     line = {
         "event_id": row.event_id,
         "sender": row.sender,
@@ -88,7 +89,7 @@ async def export_conversation(
     of messages after each page. A strict export raises ``StaleConversation`` or
     ``ConversationNotReady`` rather than leave anything out.
     """
-    render = _jsonl if format is ExportFormat.JSONL else _markdown
+    render = row_line if format is ExportFormat.JSONL else _markdown
     if format is ExportFormat.MARKDOWN:
         write(_heading(key))
     written = omitted = 0

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 import msgspec
 
 from gapline.journal._ingress import MediaDownloader, inbound_event, is_own_progress, resolve_text
+from gapline.journal._timeline import TimelineSource
 from gapline.journal._types import (
     ChunkOutcome,
     ConversationKey,
@@ -59,7 +60,6 @@ from gapline.matrix import (
     ClientEvent,
     Direction,
     MatrixError,
-    MessagesResponse,
     RelationsResponse,
 )
 
@@ -89,8 +89,9 @@ log = logging.getLogger("gapline.journal.hydration")
 MESSAGE_TYPES = frozenset({"m.room.message", "m.room.encrypted", "m.sticker"})
 
 
-class HydrationSource(Protocol):
-    """The slice of `gapline.matrix.MatrixClient` hydration uses."""
+class HydrationSource(TimelineSource, Protocol):
+    """The slice of `gapline.matrix.MatrixClient` hydration uses (``messages`` is the
+    timeline completion's own)."""
 
     async def get_event(self, room_id: str, event_id: str) -> ClientEvent: ...
 
@@ -107,17 +108,6 @@ class HydrationSource(Protocol):
         limit: int | None = None,
         recurse: bool | None = None,
     ) -> RelationsResponse: ...
-
-    async def messages(
-        self,
-        room_id: str,
-        *,
-        from_: str | None = None,
-        to: str | None = None,
-        dir: Direction | str = Direction.BACKWARD,
-        limit: int | None = None,
-        filter: str | Mapping[str, Any] | None = None,
-    ) -> MessagesResponse: ...
 
 
 # (event_type, sender, content) -> True for a self-authored transport-progress edit.

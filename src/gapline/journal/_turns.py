@@ -33,9 +33,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
 
@@ -69,7 +69,7 @@ from gapline.journal._types import (
     TurnState,
 )
 from gapline.journal._views import DispatchView, PendingTurnView, RelationView, ReplayView
-from gapline.journal._worker import edit_content, placeholder_content
+from gapline.journal._worker import DeliverySender, edit_content, placeholder_content
 from gapline.matrix import MatrixError
 
 __all__ = ["AnswerTransport", "TurnJournal", "TurnRunner"]
@@ -81,16 +81,8 @@ class TurnJournal(ReplayView, DispatchView, PendingTurnView, RelationView, Proto
     """The turn runner's slice: pending events and claims, turns, what replies relate to."""
 
 
-class AnswerTransport(Protocol):
+class AnswerTransport(DeliverySender, Protocol):
     """Direct sends the turn runner makes itself: progress edits and sidecar uploads."""
-
-    async def send_event(
-        self,
-        room_id: str,
-        event_type: str,
-        content: Mapping[str, Any],
-        txn_id: str | None = None,
-    ) -> str: ...
 
     async def upload(
         self, data: bytes, *, content_type: str = ..., filename: str | None = None
@@ -163,6 +155,7 @@ class TurnRunner:
     _retry_after: dict[str, float] = field(default_factory=dict)
     _initial: dict[str, asyncio.Future[str]] = field(default_factory=dict)
     _routes: dict[str, Routed] = field(default_factory=dict)
+    _deferred: set[str] = field(default_factory=set)
 
     def wake(self) -> None:
         self._wake.set()
@@ -207,25 +200,32 @@ class TurnRunner:
         seen = {p.event.event_id for p in batch}
         for stale in [e for e in self._routes if e not in seen]:
             del self._routes[stale]
+        self._deferred &= seen
         routed: list[Routed] = []
         for pending in batch:
             event_id = pending.event.event_id
             if event_id in self._running:
                 continue
             item = self._routes.get(event_id)
-            if item is None:
-                if self._retry_after.get(event_id, 0.0) > now:
-                    continue  # a deferred answer waiting for its card
-                item = await route(pending, self.principal_id, self.journal)
-            if item.route in (Route.TURN, Route.REACTION_TURN):
-                self._routes[event_id] = item
-                routed.append(item)
-            elif item.route is Route.APPROVAL_ANSWER:
-                await self._answer_card(item)
-            elif item.route is Route.DEFER:
-                self._retry_after[event_id] = now + self.defer_pause
-            else:
-                await self.journal.settle(event_id)
+            if item is None and self._retry_after.get(event_id, 0.0) > now:
+                if event_id in self._deferred:  # still holds its room's later turns
+                    routed.append(Routed(pending, Route.DEFER))
+                continue  # a failed turn steps aside during its pause
+            try:
+                item = item or await route(pending, self.principal_id, self.journal)
+                await self._dispatch(item, routed, now)
+            except Exception as exc:
+                # A storage or homeserver failure on one event: it stays pending and is
+                # looked at again after a pause; the other events go on.
+                self._retry_after[event_id] = now + self.retry_pause
+                log.exception(
+                    "dispatch failed; the event stays pending",
+                    extra={
+                        "event_id": event_id,
+                        "room_id": pending.event.room_id,
+                        "error": repr(exc),
+                    },
+                )
         free = self.max_concurrent - len(self._running)
         for item in due_turns(
             routed,
@@ -236,6 +236,23 @@ class TurnRunner:
             event_id = item.pending.event.event_id
             self._running[event_id] = item.room_id
             group.create_task(self._guarded(item), name=f"turn {event_id}")
+
+    async def _dispatch(self, item: Routed, routed: list[Routed], now: float) -> None:
+        """Everything but starting a turn: answers recorded, settlements made, turns and
+        held-back answers lined up (in receipt order) for ``due_turns``."""
+        event_id = item.pending.event.event_id
+        self._deferred.discard(event_id)
+        if item.route in (Route.TURN, Route.REACTION_TURN):
+            self._routes[event_id] = item
+            routed.append(item)
+        elif item.route is Route.APPROVAL_ANSWER:
+            await self._answer_card(item)
+        elif item.route is Route.DEFER:
+            self._retry_after[event_id] = now + self.defer_pause
+            self._deferred.add(event_id)
+            routed.append(item)
+        else:
+            await self.journal.settle(event_id)
 
     async def _answer_card(self, item: Routed) -> None:
         assert item.answer is not None

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shlex
 import sys
 from collections.abc import AsyncGenerator, Callable, Coroutine
@@ -50,7 +49,7 @@ from gapline.clikit import (
     subcommand,
     user_id,
 )
-from gapline.journal._export import ExportFormat, ExportSummary, export_conversation
+from gapline.journal._export import ExportFormat, ExportSummary, export_conversation, row_line
 from gapline.journal._reader import ConversationReader, StaleConversation
 from gapline.journal._schema import SCHEMA
 from gapline.journal._store import JournalStore
@@ -291,20 +290,7 @@ async def _require_journal(backend: Backend, store: str) -> None:
 def _print(page: ConversationPage) -> None:
     out = sys.stdout
     for row in page.rows:
-        out.write(
-            json.dumps(
-                {
-                    "event_id": row.event_id,
-                    "sender": row.sender,
-                    "created_ts": row.created_ts,
-                    "thread_id": row.thread_id,
-                    "body": row.body,
-                    "edited": row.edited,
-                },
-                ensure_ascii=False,
-            )
-            + "\n"
-        )
+        out.write(row_line(row))
     out.flush()
     if page.next_before is None:
         print("start of the conversation", file=sys.stderr)
