@@ -16,7 +16,17 @@ Figures per backend:
   sequential ratio over the anchor that a durable, off-the-loop admission could reach here;
 - ``floor_on_loop_one_row_us`` (SQLite only): the same insert on the event loop's own
   thread, no hand-over at all (``admit_sequential_ceiling_on_loop_x``): what a design
-  that blocks the loop for every commit's fsync could reach at best.
+  that blocks the loop for every commit's fsync could reach at best;
+- ``export_messages_per_s`` (and ``export_markdown_messages_per_s``): an export of an
+  N-message conversation (``--export-messages``, 100,000) from a warm projection (its
+  coverage published: no homeserver is asked), through ``export_conversation`` and the
+  prompt's ``ConversationReader``, to a sink that only counts; target at least 50,000/s.
+
+And, against a real Synapse (:func:`bench_approvals`, ``--approvals`` of them,
+sequential, one room): ``approvals.round_trip_ms``, from the card's acknowledgement to
+the waiting turn resuming with the decision, with the approver (a second account on a
+long-poll sync) answering each card the moment it sees it. ``--no-synapse`` skips it;
+``--homeserver URL`` reuses a running open-registration Synapse.
 
 The walked conversation is seeded directly with the rows admission would produce
 (seeding is not what is measured); admission and settle go through the public API.
@@ -44,15 +54,36 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from gapline.journal import Cursor, EventKind, InboundEvent, JournalStore, PrincipalJournal
+from gapline.journal import (
+    APPROVAL_KEY,
+    AckOutcome,
+    Bot,
+    BotConfig,
+    ConversationKey,
+    ConversationReader,
+    Cursor,
+    Delivery,
+    DeliveryPurpose,
+    EventKind,
+    ExportFormat,
+    Final,
+    HandlerStream,
+    InboundEvent,
+    JournalStore,
+    PrincipalJournal,
+    ToolCall,
+    TriggerMessage,
+    export_conversation,
+)
 from gapline.storage import Backend, Dialect, open_backend
 
 REPO = Path(__file__).resolve().parents[1]
 PRINCIPAL = "@bench:example.org"
 ROOM = "!bench:example.org"
 WALK_ROOM = "!walk:example.org"
+EXPORT_ROOM = "!export:example.org"
 BASE_TS = 1_700_000_000_000
 
 # Issue 6's orientation figures for the anchor (mindroom's journal, "a machine like yours").
@@ -188,7 +219,7 @@ def _walk_ts(i: int) -> int:
     return BASE_TS + (i // 2) * 10  # pairs share a timestamp: ties cross page boundaries
 
 
-async def seed_conversation(backend: Backend, messages: int) -> None:
+async def seed_conversation(backend: Backend, messages: int, room: str = WALK_ROOM) -> None:
     """Insert the projection rows admission would have produced, in bulk."""
     if backend.dialect is Dialect.POSTGRES:
 
@@ -199,7 +230,7 @@ async def seed_conversation(backend: Backend, messages: int) -> None:
                 " SELECT ?, ?, '', ? + (i / 2) * 10, '$walk' || lpad(i::text, 8, '0') || ':example.org',"
                 " '@user:example.org', 'walk message ' || i::text || ' lorem ipsum dolor sit amet',"
                 " 0, 0, '', NULL FROM generate_series(0, ? - 1) AS i",
-                (PRINCIPAL, WALK_ROOM, BASE_TS, messages),
+                (PRINCIPAL, room, BASE_TS, messages),
             )
             tx.execute("ANALYZE journal_messages")
 
@@ -210,7 +241,7 @@ async def seed_conversation(backend: Backend, messages: int) -> None:
         rows = [
             (
                 PRINCIPAL,
-                WALK_ROOM,
+                room,
                 "",
                 _walk_ts(i),
                 f"$walk{i:08d}:example.org",
@@ -363,6 +394,160 @@ async def ours_walk(dsn: str, *, messages: int, deep_repeats: int) -> dict[str, 
         await backend.close()
 
 
+async def ours_export(dsn: str, *, messages: int) -> dict[str, Any]:
+    """An export of a warm ``messages``-message conversation, JSON lines then Markdown."""
+    backend = await open_backend(dsn)
+    try:
+        bot = (await JournalStore.open(backend)).principal(PRINCIPAL)
+        log(f"seeding a {messages}-message conversation to export")
+        await seed_conversation(backend, messages, EXPORT_ROOM)
+        key = ConversationKey(EXPORT_ROOM)
+        # Warm: what the hydrator would have published after its walk.
+        await bot.publish_coverage(key, reached_start=True, messages=messages, expected_epoch=0)
+        reader = ConversationReader(bot)
+        out: dict[str, Any] = {"export_messages": messages}
+        for fmt in (ExportFormat.JSONL, ExportFormat.MARKDOWN):
+            written = 0
+
+            def sink(text: str) -> None:
+                nonlocal written
+                written += len(text)
+
+            start = time.perf_counter()
+            summary = await export_conversation(reader, key, sink, format=fmt)
+            seconds = time.perf_counter() - start
+            if summary.messages != messages:
+                raise SystemExit(f"export wrote {summary.messages} messages, not {messages}")
+            name = "export" if fmt is ExportFormat.JSONL else "export_markdown"
+            out[f"{name}_seconds"] = round(seconds, 3)
+            out[f"{name}_messages_per_s"] = round(messages / seconds)
+            out[f"{name}_chars"] = written
+            log(f"export ({fmt.value}): {messages} messages in {seconds:.2f}s")
+        return out
+    finally:
+        await backend.close()
+
+
+class _CardClock:
+    """The bot's journal, noting when each approval card's delivery is acknowledged."""
+
+    def __init__(self, inner: PrincipalJournal, acked: dict[str, float]) -> None:
+        self._inner = inner
+        self._acked = acked
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def acknowledge(self, delivery: Delivery, event_id: str) -> AckOutcome:
+        outcome = await self._inner.acknowledge(delivery, event_id)
+        if delivery.purpose is DeliveryPurpose.APPROVAL_CARD and delivery.stage.value == "initial":
+            self._acked.setdefault(delivery.turn_id, time.perf_counter())
+        return outcome
+
+
+async def bench_approvals(n: int, *, homeserver: str | None = None) -> dict[str, Any]:
+    """``n`` approvals against Synapse, one after another in one room: each message asks
+    for one exact call, the approver answers the card as soon as its sync shows it, and
+    the round trip runs from the card's acknowledgement to the turn resuming."""
+    from gapline.matrix import MatrixClient
+    from gapline.matrix.devserver import SynapseServer
+
+    server = None
+    if homeserver is None:
+        log("approvals: starting Synapse")
+        server = SynapseServer.start()
+        homeserver = server.base_url
+    acked: dict[str, float] = {}
+    resumed: dict[str, float] = {}
+    answered: dict[str, asyncio.Event] = {}
+
+    async def asking(conversation: Any, message: TriggerMessage, turn: Any) -> HandlerStream:
+        approval = await turn.request_approval(ToolCall("bench", {"n": message.body}))
+        resumed[message.event_id] = time.perf_counter()
+        answered.setdefault(message.event_id, asyncio.Event()).set()
+        yield Final(f"{approval.decision.value}: {message.body}")
+
+    class ClockedBot(Bot):
+        def bind(self, store: JournalStore, principal_id: str) -> PrincipalJournal:
+            return cast(PrincipalJournal, _CardClock(store.principal(principal_id), acked))
+
+    tag = f"a{int(time.time())}"
+    store_dir = tempfile.mkdtemp(prefix="gapline-bench-approvals-")
+    try:
+        async with MatrixClient(homeserver) as alice, MatrixClient(homeserver) as anon:
+            bot_session = await anon.register(f"{tag}_bot", "password")
+            await alice.register(f"{tag}_alice", "password")
+            bot = ClockedBot(
+                BotConfig(
+                    homeserver=homeserver,
+                    user=bot_session.user_id,
+                    password="password",
+                    store=str(Path(store_dir) / "journal.sqlite3"),
+                    handler=asking,
+                )
+            )
+            bot_task = asyncio.create_task(bot.run())
+            approver = asyncio.create_task(_approve_every_card(alice, bot_session.user_id))
+            try:
+                await asyncio.wait_for(bot.ready.wait(), 60)
+                room = await alice.create_room(preset="private_chat", invite=[bot_session.user_id])
+                while bot_session.user_id not in await alice.joined_members(room):  # noqa: ASYNC110
+                    await asyncio.sleep(0.1)
+                started = time.perf_counter()
+                for i in range(n):
+                    event_id = await alice.send_text(room, f"approval {i}")
+                    done = answered.setdefault(event_id, asyncio.Event())
+                    await asyncio.wait_for(done.wait(), 120)
+                wall = time.perf_counter() - started
+            finally:
+                for task in (approver, bot_task):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+    finally:
+        if server is not None:
+            server.stop()
+    trips = sorted((resumed[t] - acked[t]) * 1000 for t in resumed if t in acked)
+    if len(trips) != n:
+        raise SystemExit(f"{len(trips)} of {n} approvals measured")
+    log(f"approvals: {n}, p50 {statistics.median(trips):.1f} ms")
+    return {
+        "approvals": n,
+        "round_trip_ms": {
+            "p50": round(statistics.median(trips), 1),
+            "p95": round(trips[min(n - 1, round(0.95 * (n - 1)))], 1),
+            "min": round(trips[0], 1),
+        },
+        "approvals_per_s": round(n / wall, 2),
+        "homeserver": "Synapse (gapline.matrix.devserver)" if server is not None else homeserver,
+    }
+
+
+async def _approve_every_card(client: Any, bot_id: str) -> None:
+    """The approver: a long-poll sync loop answering each new card of ``bot_id``."""
+    since: str | None = None
+    while True:
+        sync = await client.sync(since=since, timeout_ms=0 if since is None else 5000)
+        if since is not None:
+            for room_id, joined in sync.rooms.join.items():
+                for event in joined.timeline.events:
+                    if (
+                        event.sender == bot_id
+                        and APPROVAL_KEY in event.content
+                        and "m.new_content" not in event.content
+                    ):
+                        await client.send_event(
+                            room_id,
+                            "m.room.message",
+                            {
+                                "msgtype": "m.text",
+                                "body": "approve",
+                                "m.relates_to": {"m.in_reply_to": {"event_id": event.event_id}},
+                            },
+                        )
+        since = sync.next_batch
+
+
 def anchor_available() -> bool:
     return (REPO / ".bench-anchor" / "bin" / "python").exists()
 
@@ -452,6 +637,7 @@ async def run_backend(
     ours["admit_sequential_events"] = args.admit
     ours["admit_concurrent_events"] = args.concurrent
     ours.update(await ours_walk(make_dsn(), messages=messages, deep_repeats=args.deep_repeats))
+    ours.update(await ours_export(make_dsn(), messages=args.export_messages))
     anchor: dict[str, Any] | None = None
     if with_anchor and anchor_rounds:
         anchor = _median_rounds(anchor_rounds)
@@ -529,6 +715,7 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
         )
         if name == "sqlite":
             t["deep_page_under_2ms"] = ours["deep_page_ms"] < 2.0
+        t["export_50k_per_s_met"] = ours.get("export_messages_per_s", 0) >= 50_000
         out[name] = t
     return out
 
@@ -591,6 +778,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         }
     result["anchor_published"] = PUBLISHED_ANCHOR
     result["targets"] = targets(result)
+    if args.approvals > 0 and not args.no_synapse:
+        result["approvals"] = await bench_approvals(args.approvals, homeserver=args.homeserver)
     return result
 
 
@@ -613,10 +802,21 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=5, help="interleaved admission rounds")
     parser.add_argument("--warmup", type=int, default=WARMUP, help="context-only admissions first")
+    parser.add_argument(
+        "--export-messages", type=int, default=100_000, help="exported conversation"
+    )
+    parser.add_argument(
+        "--approvals", type=int, default=100, help="approval round trips against Synapse"
+    )
+    parser.add_argument("--no-synapse", action="store_true", help="skip the approval figures")
+    parser.add_argument(
+        "--homeserver", default=None, help="a running Synapse with open registration"
+    )
     args = parser.parse_args()
     if args.quick:
         args.admit, args.concurrent, args.messages, args.pg_messages = 100, 640, 5_000, 5_000
         args.deep_repeats, args.rounds, args.warmup = 20, 1, 20
+        args.export_messages, args.approvals = 5_000, 3
     print(json.dumps(asyncio.run(main_async(args)), indent=2))
 
 

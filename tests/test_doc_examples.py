@@ -105,6 +105,8 @@ RUN_BY = {
     "relay-serve": "test_the_relay_example_serves_until_sigterm",
     "bot-run": "test_the_bot_examples_answer_and_the_journal_pages",
     "journal-read": "test_the_bot_examples_answer_and_the_journal_pages",
+    "journal-export": "test_the_bot_examples_answer_and_the_journal_pages",
+    "bot-approve": "test_the_approve_example_asks_before_it_answers",
     "journal-handler": "test_the_handler_example_is_found_beside_the_bot",
     "journal-handler-run": "test_the_handler_example_is_found_beside_the_bot",
 }
@@ -228,17 +230,21 @@ async def account(server: SynapseServer, localpart: str, password: str) -> Sessi
 
 
 class RunningExample:
-    """A serving example as a child process in its own session, logs in a file."""
+    """A serving example as a child process in its own session, logs in a file.
+
+    Its stderr is pumped into the file line by line (`Activity.pump`), so each log line
+    is a signal for `eventually`: a probe of the file is re-checked when the child wrote.
+    """
 
     def __init__(self, argv: list[str], cwd: Path) -> None:
         self.log = cwd / "stderr.log"
+        self.log.write_bytes(b"")
         self.proc = subprocess.Popen(
             argv, cwd=cwd, env=environment(), stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
-        # Each log line is a signal for `eventually` (the bot's doings are its log).
         assert self.proc.stderr is not None
-        Activity.current().pump(self.proc.stderr, self.log.open("wb"))
+        self._pump = Activity.current().pump(self.proc.stderr, self.log.open("ab"))
 
     async def until_ready(self) -> None:
         async def ready() -> bool:
@@ -332,6 +338,15 @@ async def test_the_bot_examples_answer_and_the_journal_pages(
         pytest.fail("journal read never reached the start of the conversation")
     assert bodies[-2:] == ["hello", "echo: hello"]
 
+    # journal export: the same conversation at once, as Markdown.
+    export = command(EXAMPLES["journal-export"], tmp_path, **{EXAMPLE_ROOM: f"'{room}'"})
+    done = await asyncio.to_thread(run_to_end, export, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"# Conversation in {room}\n")
+    assert [b for b in bodies if b in done.stdout] == bodies
+    assert done.stdout.index("hello") < done.stdout.index("echo: hello")
+    assert done.stderr.splitlines()[-1].startswith(f"exported {len(bodies)} messages")
+
 
 @pytest.mark.timeout(300)
 async def test_the_handler_example_is_found_beside_the_bot(
@@ -349,6 +364,53 @@ async def test_the_handler_example_is_found_beside_the_bot(
         second = await answer_to(synapse, alice, room, "and the agenda?")
         # What came before is read, never this turn's own placeholder reply.
         assert second.endswith("messages before yours; you last said: the meeting moved to 3pm")
+        assert await bot.interrupt() == 0, bot.tail()
+    finally:
+        bot.kill()
+    assert "Traceback" not in bot.tail()
+
+
+@pytest.mark.timeout(300)
+async def test_the_approve_example_asks_before_it_answers(
+    synapse: SynapseServer, alice: Session, tmp_path: Path
+) -> None:
+    block = EXAMPLES["bot-approve"]
+    bot = RunningExample(command(block, tmp_path, **{HOMESERVER: synapse.base_url}), tmp_path)
+    try:
+        await bot.until_ready()
+        room = await room_with_the_bot(synapse, alice)
+        async with synapse.client(alice) as client:
+            asked = await client.send_text(room, "hello")
+
+            async def card() -> str | None:
+                for event in await room_events(client, room):
+                    relates = event.content.get("m.relates_to") or {}
+                    if (
+                        event.sender == BOT
+                        and "io.gapline.approval" in event.content
+                        and (relates.get("m.in_reply_to") or {}).get("event_id") == asked
+                    ):
+                        assert event.content["body"].startswith(
+                            'Approval needed: echo({"text":"hello"})'
+                        )
+                        return event.event_id
+                return None
+
+            card_id = await eventually(card, within=120, what="the approval card")
+            await client.send_event(
+                room,
+                "m.room.message",
+                {"msgtype": "m.text", "body": "approve",
+                 "m.relates_to": {"m.in_reply_to": {"event_id": card_id}}},
+            )  # fmt: skip
+
+            async def final() -> str | None:
+                events = await room_events(client, room)
+                plain = [e for e in events if "io.gapline.approval" not in e.content]
+                answers = answers_by_source(plain, BOT).get(asked, [])
+                return answers[0].final_body if answers else None
+
+            assert await eventually(final, within=120, what="the answer") == "echo: hello"
         assert await bot.interrupt() == 0, bot.tail()
     finally:
         bot.kill()

@@ -90,6 +90,7 @@ def bot_process(
     fault: str | None = None,
     log_path: Path,
     extra_env: Mapping[str, str] | None = None,
+    handler: str = "echo",
 ) -> subprocess.Popen[bytes]:
     """``gapline bot`` as a subprocess (what the crash matrix kills); its log goes to
     ``log_path``, each line a signal for :func:`eventually`."""
@@ -113,7 +114,7 @@ def bot_process(
             "--store",
             store,
             "--handler",
-            "echo",
+            handler,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

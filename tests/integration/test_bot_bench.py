@@ -51,3 +51,32 @@ def test_bot_bench_quick_prints_its_figures(synapse: SynapseServer, tmp_path: Pa
     ):
         assert key in figures
     assert figures["answers"] == 4
+
+
+JOURNAL_BENCH = BENCH.parent / "journal.py"
+
+
+def test_journal_bench_quick_measures_approval_round_trips(
+    synapse: SynapseServer, tmp_path: Path
+) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(JOURNAL_BENCH),
+            "--quick",
+            "--no-anchor",
+            "--backends",
+            "sqlite",
+            "--homeserver",
+            synapse.base_url,
+        ],
+        capture_output=True,
+        timeout=240,
+        check=False,
+        cwd=JOURNAL_BENCH.parents[1],
+    )
+    assert out.returncode == 0, out.stderr.decode()[-3000:]
+    approvals = json.loads(out.stdout)["approvals"]
+    assert approvals["approvals"] == 3
+    assert set(approvals["round_trip_ms"]) == {"p50", "p95", "min"}
+    assert approvals["round_trip_ms"]["p50"] > 0

@@ -128,3 +128,47 @@ async def test_a_long_answer_travels_as_a_sidecar_through_synapse_media(
     visible = final.content["m.new_content"]
     assert visible["body"] != f"echo: {body}"  # what other clients show: the preview
     assert visible["io.gapline.sidecar"]["url"].startswith("mxc://")
+
+
+async def test_a_burst_of_20_in_one_room_is_answered_in_order(
+    synapse_kit: SynapseKit, tmp_path: Path
+) -> None:
+    """One turn per room at a time, in receipt order: each answer (its placeholder and its
+    final edit) reaches the room before the next message's, and every later turn's
+    conversation holds the earlier answers."""
+    alice = await synapse_kit.user("alice")
+    bot = await make_bot_user(synapse_kit)
+    store = str(tmp_path / "journal.sqlite3")
+    room = await synapse_kit.room(alice)
+    async with (
+        running_bot(synapse_kit.base_url, bot.user_id, store, allow=frozenset({alice.user_id})),
+        synapse_kit.client(alice) as client,
+    ):
+        await client.invite(room, bot.user_id)
+        await wait_joined(client, room, bot.user_id)
+        bodies = [f"in order {i}" for i in range(20)]
+        sources = await synapse_kit.send_messages(alice, room, bodies)
+
+        async def all_delivered() -> bool:
+            return delivered(await turn_states(store, bot.user_id, sources))
+
+        await eventually(all_delivered, within=120, what="20 delivered turns")
+        events = await room_events(client, room)
+    position = {e.event_id: i for i, e in enumerate(events)}
+    answers = answers_by_source(events, bot.user_id)
+    placeholders = [position[answers[s][0].reply_event_id] for s in sources]
+    assert placeholders == sorted(placeholders)
+    finals = [
+        max(
+            i
+            for i, e in enumerate(events)
+            if e.sender == bot.user_id
+            and e.content.get("m.relates_to", {}).get("event_id") == answers[s][0].reply_event_id
+            and e.content.get("m.new_content", {}).get("io.gapline.stream_status") == "complete"
+        )
+        for s in sources
+    ]
+    assert finals == sorted(finals)
+    # Each answer was final before the next message's placeholder was sent.
+    assert all(final < nxt for final, nxt in zip(finals, placeholders[1:], strict=False))
+    assert [answers[s][0].final_body for s in sources] == [f"echo: {b}" for b in bodies]

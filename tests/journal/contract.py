@@ -8,11 +8,12 @@ issue 6 and of the store half of issue 7 is its own test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Generator
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,26 @@ async def raw(backend: Backend, sql: str, params: tuple = ()) -> list[tuple]:
     return await backend.read(lambda tx: tx.all(sql, params))
 
 
-class JournalContract:
+@contextlib.contextmanager
+def advance_that_raises(monkeypatch: pytest.MonkeyPatch) -> Generator[None]:
+    """While it lasts, every epoch advance runs its statements and then raises, so the
+    fence's transaction rolls back whole."""
+    original = _membership.advance_epoch
+
+    def failing(tx: Any, p: str, room_id: str) -> int:
+        original(tx, p, room_id)
+        raise RuntimeError("injected failure after the advance statements")
+
+    monkeypatch.setattr(_membership, "advance_epoch", failing)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(_membership, "advance_epoch", original)
+
+
+class JournalFixtures:
+    """The store and the bound principal over an abstract backend, for every contract."""
+
     @pytest.fixture
     async def journal_backend(self, tmp_path: Path) -> AsyncIterator[Backend]:
         raise NotImplementedError
@@ -151,6 +171,8 @@ class JournalContract:
     def bot(self, store: JournalStore) -> PrincipalJournal:
         return store.principal(BOT)
 
+
+class JournalContract(JournalFixtures):
     # -- principal ownership and conversation identity --------------------------------
 
     def test_thread_id_helper_round_trips(self) -> None:
@@ -732,16 +754,8 @@ class JournalContract:
         self, bot: PrincipalJournal, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         await bot.admit(message("$kept", ts=1), epoch=0)
-        original = _membership.advance_epoch
-
-        def failing(tx: Any, p: str, room_id: str) -> int:
-            original(tx, p, room_id)
-            raise RuntimeError("injected failure after the advance statements")
-
-        monkeypatch.setattr(_membership, "advance_epoch", failing)
-        with pytest.raises(RuntimeError):
+        with advance_that_raises(monkeypatch), pytest.raises(RuntimeError):
             await bot.fence_departure(ROOM, source=DepartureSource.LOCAL)
-        monkeypatch.setattr(_membership, "advance_epoch", original)
         assert await bot.epoch(ROOM) == 0
         assert await bot.rooms_owing_departure_reports() == ()
         assert await bodies(bot) == {"$kept": "hello"}
@@ -751,6 +765,36 @@ class JournalContract:
             is DepartureOutcome.ADVANCED
         )
         assert await bot.epoch(ROOM) == 1
+
+    async def test_a_report_is_applied_once_per_reporting_event(
+        self, bot: PrincipalJournal, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        reported = DepartureSource.REPORTED
+        assert await bot.fence_departure(ROOM, source=reported, report_id="$kick") is (
+            DepartureOutcome.ADVANCED
+        )
+        assert await bot.fence_departure(ROOM, source=reported, report_id="$kick") is (
+            DepartureOutcome.ALREADY_REPORTED
+        )
+        assert await bot.epoch(ROOM) == 1
+        await bot.fence_departure(ROOM, source=DepartureSource.LOCAL)
+        assert await bot.fence_departure(ROOM, source=reported, report_id="$leave") is (
+            DepartureOutcome.ECHO_RETIRED
+        )
+        assert await bot.fence_departure(ROOM, source=reported, report_id="$leave") is (
+            DepartureOutcome.ALREADY_REPORTED
+        )
+        assert (await bot.epoch(ROOM), await bot.rooms_owing_departure_reports()) == (2, ())
+        with pytest.raises(ValueError):
+            await bot.fence_departure(ROOM, source=DepartureSource.LOCAL, report_id="$x")
+        # The record rides in the fence's transaction: an advance that raises records
+        # nothing, so the redelivered report is applied then.
+        with advance_that_raises(monkeypatch), pytest.raises(RuntimeError):
+            await bot.fence_departure(ROOM, source=reported, report_id="$ban")
+        assert await bot.fence_departure(ROOM, source=reported, report_id="$ban") is (
+            DepartureOutcome.ADVANCED
+        )
+        assert await bot.epoch(ROOM) == 3
 
     async def test_advance_drops_projection_and_sweeps_turn_backed_events(
         self, bot: PrincipalJournal, journal_backend: Backend

@@ -25,6 +25,8 @@ FIGURES = (
     "deep_page_ms",
     "floor_empty_write_us",
     "floor_durable_one_row_us",
+    "export_messages_per_s",
+    "export_markdown_messages_per_s",
 )
 
 
@@ -36,6 +38,7 @@ async def test_quick_bench_reports_every_figure(postgres_dsn: str) -> None:
         str(REPO / "bench" / "journal.py"),
         "--quick",
         "--no-anchor",
+        "--no-synapse",  # the approval figures: tests/integration/test_bot_bench.py
         "--postgres-dsn",
         postgres_dsn,
         cwd=REPO,
@@ -58,3 +61,7 @@ async def test_quick_bench_reports_every_figure(postgres_dsn: str) -> None:
     # The on-loop floor times a plain sqlite3 connection: SQLite only.
     assert result["sqlite"]["floor_on_loop_one_row_us"] > 0
     assert "floor_on_loop_one_row_us" not in result["postgres"]
+    for backend in ("sqlite", "postgres"):
+        assert result[backend]["export_messages"] == 5000
+        assert "export_50k_per_s_met" in result["targets"][backend]
+    assert "approvals" not in result

@@ -29,6 +29,7 @@ from gapline.matrix import ClientEvent, UnknownToken
 from gapline.matrix.testing import FakeHomeserver
 from gapline.storage import open_backend
 from tests.activity import Activity
+from tests.journal.bots import bot_running
 
 T = TypeVar("T")
 
@@ -44,32 +45,13 @@ async def bot_on(
     fake: FakeHomeserver, store: Path, *, handler: Handler = echo, **config: Any
 ) -> AsyncGenerator[Bot]:
     fake.register("bot")
-    activity = Activity.current()
     backend = await open_backend(str(store))
-    bot = Bot(
-        BotConfig(
-            homeserver=fake.base_url,
-            user=fake.user_id("bot"),
-            password="password",
-            store=str(store),
-            handler=handler,
-            **config,
-        ),
-        backend=activity.backend(backend),
-        transport=activity.transport(fake.transport),
-    )
-    task = asyncio.create_task(bot.run())
     try:
-        ready = asyncio.create_task(bot.ready.wait())
-        done, _ = await asyncio.wait({task, ready}, timeout=20, return_when="FIRST_COMPLETED")
-        if task in done:
-            task.result()
-        assert ready in done
-        yield bot
+        async with bot_running(
+            fake, backend, store=str(store), handler=handler, within=20, **config
+        ) as bot:
+            yield bot
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         await backend.close()
 
 

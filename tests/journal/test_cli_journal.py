@@ -59,6 +59,28 @@ def seed(store: Path, events: list[ClientEvent], principal: str = BOT) -> None:
     asyncio.run(go())
 
 
+def redacted_revision() -> tuple[ClientEvent, ClientEvent, ClientEvent]:
+    """A message, its edit, and the redaction of that visible edit (a refresh debt)."""
+    original = message(0, "v0")
+    fix = message(
+        1,
+        "* v1",
+        **{
+            "m.new_content": {"msgtype": "m.text", "body": "v1"},
+            "m.relates_to": {"rel_type": "m.replace", "event_id": original.event_id},
+        },
+    )
+    redaction = ClientEvent(
+        event_id="$red:example.org",
+        type="m.room.redaction",
+        sender="@alice:example.org",
+        origin_server_ts=1_700_000_000_100,
+        content={"redacts": fix.event_id},
+        redacts=fix.event_id,
+    )
+    return original, fix, redaction
+
+
 def read(
     capsys: pytest.CaptureFixture[str], store: Path, *extra: str, principal: str = BOT
 ) -> tuple[int, list[dict[str, object]], str]:
@@ -112,23 +134,7 @@ def test_a_redacted_revision_is_omitted_or_fails_a_strict_read(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = tmp_path / "j.sqlite3"
-    original = message(0, "v0")
-    fix = message(
-        1,
-        "* v1",
-        **{
-            "m.new_content": {"msgtype": "m.text", "body": "v1"},
-            "m.relates_to": {"rel_type": "m.replace", "event_id": original.event_id},
-        },
-    )
-    redaction = ClientEvent(
-        event_id="$red:example.org",
-        type="m.room.redaction",
-        sender="@alice:example.org",
-        origin_server_ts=1_700_000_000_100,
-        content={"redacts": fix.event_id},
-        redacts=fix.event_id,
-    )
+    original, fix, redaction = redacted_revision()
     seed(store, [original, fix, redaction])
     code, rows, _ = read(capsys, store)
     assert code == 0 and rows == []
@@ -193,3 +199,76 @@ def test_bot_reports_an_unreachable_homeserver_as_a_logged_error(
     records = [json.loads(line) for line in err.splitlines()]
     assert records[-1]["level"] == "error" and records[-1]["msg"] == "bot failed"
     assert "Traceback" not in err
+
+
+# -- journal export -------------------------------------------------------------------------
+
+
+def export(capsys: pytest.CaptureFixture[str], store: Path, *extra: str) -> tuple[int, str, str]:
+    code = main(
+        ["journal", "export", "--store", str(store), "--principal", BOT, "--room", ROOM, *extra]
+    )
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_export_writes_the_whole_conversation_page_after_page(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "j.sqlite3"
+    seed(store, [message(n, f"body {n}") for n in range(1234)])  # more than one page
+    code, out, err = export(capsys, store, "--format", "jsonl")
+    assert code == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["body"] for r in rows] == [f"body {n}" for n in range(1234)]
+    # The same objects `journal read` prints.
+    _, newest, _ = read(capsys, store, "--limit", "3")
+    assert rows[-3:] == newest
+    assert err.splitlines()[-1] == (
+        "exported 1234 messages; never hydrated from the homeserver: older messages may be missing"
+    )
+
+
+def test_export_of_a_thread_starts_with_its_root_and_markdown_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "j.sqlite3"
+    root = message(0, "what about lunch?")
+    replies = [
+        message(
+            n, f"reply {n}", **{"m.relates_to": {"rel_type": "m.thread", "event_id": root.event_id}}
+        )
+        for n in range(1, 4)
+    ]
+    seed(store, [root, message(9, "elsewhere"), *replies])
+    code, out, _ = export(capsys, store, "--thread", root.event_id, "--format", "jsonl")
+    assert code == 0
+    assert [json.loads(line)["body"] for line in out.splitlines()] == [
+        "what about lunch?", "reply 1", "reply 2", "reply 3",
+    ]  # fmt: skip
+    code, out, _ = export(capsys, store, "--thread", root.event_id, "--format", "markdown")
+    assert code == 0
+    assert out.startswith(f"# Conversation in {ROOM}, thread {root.event_id}\n")
+    assert out.index("what about lunch?") < out.index("reply 1") < out.index("reply 3")
+    assert "elsewhere" not in out and "**@alice:example.org** · 2023-11-14 22:13:20 UTC" in out
+
+
+def test_export_reads_only_and_fails_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nothing-here.sqlite3"
+    code, out, err = export(capsys, missing, "--format", "jsonl")
+    assert code == 4 and out == "" and len(err.strip().splitlines()) == 1
+    assert not missing.exists()  # never a new empty journal
+    store = tmp_path / "j.sqlite3"
+    original, fix, redaction = redacted_revision()
+    seed(store, [original, fix, redaction, message(2, "fine")])
+    code, out, err = export(capsys, store, "--format", "jsonl")
+    assert code == 0 and [json.loads(line)["body"] for line in out.splitlines()] == ["fine"]
+    assert "1 redacted or unresolved revisions left out" in err.splitlines()[-1]
+    code, out, err = export(capsys, store, "--format", "jsonl", "--strict")
+    assert code == 3 and original.event_id in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as bad:
+        main(["journal", "export", "--store", str(store), "--principal", BOT, "--room", ROOM,
+              "--format", "csv"])  # fmt: skip
+    assert bad.value.code == 2

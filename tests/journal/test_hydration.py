@@ -22,6 +22,8 @@ from gapline.journal import (
     JournalStore,
     PrincipalJournal,
     RecursionNotHonoured,
+    RefreshDebt,
+    Revision,
     StopReason,
 )
 from gapline.journal._hydration import fetch_relation_tree, fetch_thread
@@ -218,6 +220,26 @@ class ColdTogether:
     ) -> bool:
         return await self._journal.publish_coverage(
             key, reached_start=reached_start, messages=messages, expected_epoch=expected_epoch
+        )
+
+    async def refresh_debt(self, room_id: str, logical_event_id: str) -> RefreshDebt | None:
+        return await self._journal.refresh_debt(room_id, logical_event_id)
+
+    async def install_refetched(
+        self,
+        room_id: str,
+        logical_event_id: str,
+        revision: Revision | None,
+        *,
+        expected_epoch: int,
+        expected_refresh_token: str,
+    ) -> bool:
+        return await self._journal.install_refetched(
+            room_id,
+            logical_event_id,
+            revision,
+            expected_epoch=expected_epoch,
+            expected_refresh_token=expected_refresh_token,
         )
 
     async def coverage(self, key: ConversationKey) -> Coverage | None:

@@ -20,6 +20,8 @@ from typing import Any
 
 from gapline.journal import (
     ConversationKey,
+    Cursor,
+    Decision,
     DeliveryRequest,
     DeliveryStage,
     DepartureSource,
@@ -27,9 +29,11 @@ from gapline.journal import (
     InboundEvent,
     JournalStore,
     Revision,
+    ToolCall,
 )
 from gapline.storage import Backend, Dialect
-from tests.journal.contract import ROOM, edit, message, redaction
+from tests.journal.contract import ALICE, ROOM, edit, message, redaction
+from tests.journal.contract_approvals import request as approval_request
 from tests.storage.plans import RecordingBackend, plan_nodes, postgres_plan, sqlite_plan
 
 
@@ -80,6 +84,26 @@ async def _workload(backend: RecordingBackend) -> None:
     (delivery,) = await bot.claim(5)
     await bot.acknowledge(delivery, "$final")
     await bot.turn("$o")
+    # Approvals and relations, then a fence that reconciles them.
+    await bot.read_conversation(ROOM, None, 2, after=Cursor.start())
+    await bot.read_conversation(ROOM, "$o", 2, after=Cursor.start())
+    req = approval_request("$o")
+    await bot.open_approval(req)
+    await bot.event_role(ROOM, "$unknown")  # a card in flight
+    (card,) = await bot.claim(5)
+    await bot.acknowledge(card, "$card")
+    await bot.event_role(ROOM, "$card")
+    await bot.offer_reactions("$o", "$final", ["+1"])
+    await bot.event_role(ROOM, "$final")
+    await bot.resolve_approval(
+        ROOM, "$card", decision=Decision.APPROVED, approver=ALICE, answer_event_id="$yes"
+    )
+    await bot.approval(req.approval_id)
+    other = approval_request("$o", ToolCall("other"), ordinal=1)
+    await bot.open_approval(other)
+    await bot.expire_approval(other.approval_id, now=2**62)
+    await bot.open_approval(approval_request("$o", ToolCall("third"), ordinal=2))
+    await bot.record_history_gap(ROOM)
     await bot.fence_departure(ROOM, source=DepartureSource.LOCAL)
     await bot.rooms_owing_departure_reports()
     await bot.fence_departure(ROOM, source=DepartureSource.REPORTED)

@@ -1,4 +1,4 @@
-"""The journal contract on PostgreSQL, on a database whose collation is not byte order.
+"""The journal contracts on PostgreSQL, on a database whose collation is not byte order.
 
 Every contract test runs on a database created with ICU ``en-US`` as its default
 collation (``'a' < 'B'``), so an ordered text key that forgot ``COLLATE "C"`` would
@@ -7,30 +7,27 @@ order differently from SQLite and fail the pagination tests.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-
 import pytest
 
 from gapline.journal import JournalStore
-from gapline.storage import Backend, open_backend
+from gapline.storage import Backend
+from tests.journal.backends import PostgresJournalBackend
 from tests.journal.contract import ROOM, JournalContract, message
+from tests.journal.contract_approvals import ApprovalContract
+from tests.journal.contract_runtime import RuntimeContract
 
 pytestmark = pytest.mark.postgres
 
 
-class TestPostgresJournal(JournalContract):
-    @pytest.fixture
-    def journal_dsn(self, make_postgres_dsn: Callable[..., str]) -> str:
-        return make_postgres_dsn(icu_locale="en-US")
+class TestPostgresApprovals(PostgresJournalBackend, ApprovalContract):
+    pass
 
-    @pytest.fixture
-    async def journal_backend(self, journal_dsn: str) -> AsyncIterator[Backend]:
-        backend = await open_backend(journal_dsn)
-        try:
-            yield backend
-        finally:
-            await backend.close()
 
+class TestPostgresRuntime(PostgresJournalBackend, RuntimeContract):
+    pass
+
+
+class TestPostgresJournal(PostgresJournalBackend, JournalContract):
     async def test_database_collation_is_not_byte_order(self, journal_backend: Backend) -> None:
         """Guards the premise of this module: the server's own order differs from bytes."""
         rows = await journal_backend.read(
@@ -49,4 +46,4 @@ class TestPostgresJournal(JournalContract):
         assert got == sorted(ids, key=lambda s: s.encode())
 
 
-del JournalContract
+del JournalContract, ApprovalContract, RuntimeContract

@@ -1,28 +1,23 @@
-"""The journal contract on SQLite."""
+"""The journal contracts on SQLite."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
-
-from gapline.storage import Backend, open_backend
+from tests.journal.backends import SQLiteJournalBackend
 from tests.journal.contract import JournalContract
+from tests.journal.contract_approvals import ApprovalContract
+from tests.journal.contract_runtime import RuntimeContract
 
 
-class TestSQLiteJournal(JournalContract):
-    @pytest.fixture
-    def journal_dsn(self, tmp_path: Path) -> str:
-        return str(tmp_path / "journal.sqlite3")
-
-    @pytest.fixture
-    async def journal_backend(self, journal_dsn: str) -> AsyncIterator[Backend]:
-        backend = await open_backend(journal_dsn)
-        try:
-            yield backend
-        finally:
-            await backend.close()
+class TestSQLiteJournal(SQLiteJournalBackend, JournalContract):
+    pass
 
 
-del JournalContract
+class TestSQLiteApprovals(SQLiteJournalBackend, ApprovalContract):
+    pass
+
+
+class TestSQLiteRuntime(SQLiteJournalBackend, RuntimeContract):
+    pass
+
+
+del JournalContract, ApprovalContract, RuntimeContract

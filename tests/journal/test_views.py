@@ -62,3 +62,43 @@ async def test_delivery_worker_cannot_admit_or_settle() -> None:
     assert len(errors) == 2, out
     assert all("DeliveryView" in e for e in errors)
     assert any("`admit`" in e for e in errors) and any("`settle`" in e for e in errors)
+
+
+async def test_approvals_cannot_reach_the_generic_outbox_or_the_worker() -> None:
+    code, out = await _check("approvals_reach_the_outbox.py")
+    assert code != 0
+    errors = [line for line in out.splitlines() if "error" in line]
+    assert len(errors) == 2, out
+    assert all("ApprovalDeliveryView" in e for e in errors)
+    assert any("`enqueue`" in e for e in errors) and any("`claim`" in e for e in errors)
+
+
+def test_there_are_eleven_views_ten_beside_the_membership_view() -> None:
+    """The seed's eleven, counted rather than quoted: ten in ``_views`` and the
+    membership view beside its fence."""
+    from typing import Protocol
+
+    from gapline.journal import _membership, _views
+
+    def protocols(module: object) -> set[str]:
+        return {
+            name
+            for name, value in vars(module).items()
+            if isinstance(value, type)
+            and Protocol in getattr(value, "__mro__", ())
+            and value.__module__ == getattr(module, "__name__", None)
+        }
+
+    assert protocols(_views) == {
+        "AdmissionView",
+        "ReplayView",
+        "DispatchView",
+        "PendingTurnView",
+        "RelationView",
+        "ConversationReadView",
+        "HistoryRecoveryRecordView",
+        "HydrationView",
+        "MatrixDeliveryView",
+        "ApprovalDeliveryView",
+    }
+    assert protocols(_membership) == {"MembershipView"}

@@ -2,10 +2,12 @@
 
 Open a :class:`JournalStore` on a :mod:`gapline.storage` backend and bind it to a
 principal (``store.principal("@bot:example.org")``); collaborators take the narrow
-view they need (``AdmissionView``, ``ReplayView``, ``DeliveryView``, ...). Usage and
-the rules it keeps: docs/journal.md.
+view they need (``AdmissionView``, ``ReplayView``, ``MatrixDeliveryView``, ...). Usage
+and the rules it keeps: docs/journal.md.
 """
 
+from gapline.journal._approval_cards import APPROVAL_KEY, approval_id_for
+from gapline.journal._membership import INTERACTIVE_REACTION, MembershipView
 from gapline.journal._outbox import transaction_id
 from gapline.journal._progress import PROGRESS_STATUSES, STREAM_STATUS_KEY, is_streaming_progress
 from gapline.journal._sidecar import SIDECAR_KEY
@@ -13,6 +15,10 @@ from gapline.journal._store import JournalStore, PrincipalJournal
 from gapline.journal._types import (
     AckOutcome,
     AdmitOutcome,
+    AnswerOutcome,
+    Approval,
+    ApprovalAnswer,
+    ApprovalRequest,
     ChunkOutcome,
     ConsumerClaim,
     ConversationKey,
@@ -20,13 +26,17 @@ from gapline.journal._types import (
     ConversationRow,
     Coverage,
     Cursor,
+    Decision,
     Delivery,
+    DeliveryPurpose,
     DeliveryRequest,
     DeliveryStage,
     DepartureOutcome,
     DepartureSource,
     EnqueueOutcome,
     EventKind,
+    EventRole,
+    EventRoleKind,
     InboundEvent,
     InvalidCursor,
     JournalError,
@@ -34,6 +44,7 @@ from gapline.journal._types import (
     Provenance,
     RefreshDebt,
     Revision,
+    ToolCall,
     TurnNotCompleted,
     TurnRecord,
     TurnState,
@@ -44,24 +55,31 @@ from gapline.journal._types import (
 )
 from gapline.journal._views import (
     AdmissionView,
+    ApprovalDeliveryView,
     ConversationReadView,
-    DeliveryView,
     DispatchView,
+    HistoryRecoveryRecordView,
     HydrationView,
-    MembershipView,
-    PendingView,
-    RefetchView,
+    MatrixDeliveryView,
+    PendingTurnView,
+    RelationView,
     ReplayView,
-    TurnView,
 )
 
 __all__ = [
+    "APPROVAL_KEY",
+    "INTERACTIVE_REACTION",
     "PROGRESS_STATUSES",
     "SIDECAR_KEY",
     "STREAM_STATUS_KEY",
     "AckOutcome",
     "AdmissionView",
     "AdmitOutcome",
+    "AnswerOutcome",
+    "Approval",
+    "ApprovalAnswer",
+    "ApprovalDeliveryView",
+    "ApprovalRequest",
     "ChunkOutcome",
     "ConsumerClaim",
     "ConversationKey",
@@ -70,35 +88,41 @@ __all__ = [
     "ConversationRow",
     "Coverage",
     "Cursor",
+    "Decision",
     "Delivery",
+    "DeliveryPurpose",
     "DeliveryRequest",
     "DeliveryStage",
-    "DeliveryView",
     "DepartureOutcome",
     "DepartureSource",
     "DispatchView",
     "EnqueueOutcome",
     "EventKind",
+    "EventRole",
+    "EventRoleKind",
+    "HistoryRecoveryRecordView",
     "HydrationView",
     "InboundEvent",
     "InvalidCursor",
     "JournalError",
     "JournalStore",
+    "MatrixDeliveryView",
     "MembershipView",
     "PendingEvent",
-    "PendingView",
+    "PendingTurnView",
     "PrincipalJournal",
     "Provenance",
-    "RefetchView",
     "RefreshDebt",
+    "RelationView",
     "ReplayView",
     "Revision",
+    "ToolCall",
     "TurnNotCompleted",
     "TurnRecord",
     "TurnState",
-    "TurnView",
     "UnknownEvent",
     "UnknownTurn",
+    "approval_id_for",
     "decode_thread_id",
     "encode_thread_id",
     "is_streaming_progress",
@@ -106,8 +130,15 @@ __all__ = [
 ]
 
 # -- runtime (ingress, hydration, refetch, reads, delivery, the bot) -----------------------
-from gapline.journal._bot import Bot, BotConfig, TurnRunner
-from gapline.journal._faults import FaultPoint, fault_point
+from gapline.journal._approval_flow import DEFAULT_APPROVAL_TIMEOUT, Approvals
+from gapline.journal._bot import Bot, BotConfig
+from gapline.journal._export import (
+    EXPORT_PAGE_SIZE,
+    ExportFormat,
+    ExportSummary,
+    export_conversation,
+)
+from gapline.journal._faults import ApprovalFaultPoint, FaultPoint, fault_point
 from gapline.journal._handlers import (
     BUILTIN_HANDLERS,
     Conversation,
@@ -116,11 +147,18 @@ from gapline.journal._handlers import (
     HandlerError,
     HandlerStream,
     Progress,
+    Reaction,
     TriggerMessage,
+    Turn,
+    approve,
     echo,
     resolve_handler,
 )
 from gapline.journal._hydration import (
+    EXPORT_BOUNDS,
+    EXPORT_MAX_FETCHED_EVENTS,
+    EXPORT_MAX_MESSAGES_REQUESTS,
+    EXPORT_WINDOW_MESSAGES,
     HydrationBounds,
     HydrationFailed,
     Hydrator,
@@ -130,21 +168,35 @@ from gapline.journal._hydration import (
 from gapline.journal._ingress import Ingress, IngressPolicy, RuntimeState
 from gapline.journal._reader import (
     BoundConversation,
+    ConversationNotReady,
     ConversationReader,
     StaleConversation,
 )
 from gapline.journal._refetch import PointRefetcher, RefetchFailed
 from gapline.journal._sidecar import SidecarRef, SidecarUnresolved
+from gapline.journal._timeline import MemberStatePlan, room_member_sync_state_plan
+from gapline.journal._turns import TurnRunner
 from gapline.journal._worker import DeliveryWorker
 
 __all__ += [
     "BUILTIN_HANDLERS",
+    "DEFAULT_APPROVAL_TIMEOUT",
+    "EXPORT_BOUNDS",
+    "EXPORT_MAX_FETCHED_EVENTS",
+    "EXPORT_MAX_MESSAGES_REQUESTS",
+    "EXPORT_PAGE_SIZE",
+    "EXPORT_WINDOW_MESSAGES",
+    "ApprovalFaultPoint",
+    "Approvals",
     "Bot",
     "BotConfig",
     "BoundConversation",
     "Conversation",
+    "ConversationNotReady",
     "ConversationReader",
     "DeliveryWorker",
+    "ExportFormat",
+    "ExportSummary",
     "FaultPoint",
     "Final",
     "Handler",
@@ -155,8 +207,10 @@ __all__ += [
     "Hydrator",
     "Ingress",
     "IngressPolicy",
+    "MemberStatePlan",
     "PointRefetcher",
     "Progress",
+    "Reaction",
     "RecursionNotHonoured",
     "RefetchFailed",
     "RuntimeState",
@@ -165,8 +219,12 @@ __all__ += [
     "StaleConversation",
     "StopReason",
     "TriggerMessage",
+    "Turn",
     "TurnRunner",
+    "approve",
     "echo",
+    "export_conversation",
     "fault_point",
     "resolve_handler",
+    "room_member_sync_state_plan",
 ]

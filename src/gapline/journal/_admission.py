@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gapline.journal._epochs import current_epoch
 from gapline.journal._events import EPOCH_CHECKED_INSERT, journal_insert
 from gapline.journal._locks import lock_messages
-from gapline.journal._membership import current_epoch
 from gapline.journal._projection import ParsedEvent, ParsedKind, apply_projection, lock_ids
 from gapline.journal._sql_postgres import admit_in_one_statement
 from gapline.journal._types import AdmitOutcome, InboundEvent

@@ -22,6 +22,12 @@ durable steps of one answer, in order:
 The delivery boundaries (claim, send, acknowledgement) fire for the FINAL
 stage by default; ``<boundary>@initial`` moves them to the INITIAL placeholder.
 
+An approval has one boundary of its own (:class:`ApprovalFaultPoint`):
+
+``after_approval_decision_before_continuation``
+    an answer's decision, the card's resolution edit and the answer's settlement are
+    committed; the waiting turn has not resumed and nothing of it is delivered.
+
 With ``GAPLINE_FAULT_ONCE=<path>`` the fault fires only if ``path`` does not
 exist yet (it is created just before the kill), so one environment can be
 reused across a restart.
@@ -33,7 +39,7 @@ import enum
 import os
 import signal
 
-__all__ = ["FAULT_ENV", "FAULT_ONCE_ENV", "FaultPoint", "fault_point"]
+__all__ = ["FAULT_ENV", "FAULT_ONCE_ENV", "ApprovalFaultPoint", "FaultPoint", "fault_point"]
 
 FAULT_ENV = "GAPLINE_FAULT"
 FAULT_ONCE_ENV = "GAPLINE_FAULT_ONCE"
@@ -48,7 +54,11 @@ class FaultPoint(enum.StrEnum):
     AFTER_ACKNOWLEDGEMENT = "after_acknowledgement"
 
 
-def fault_point(point: FaultPoint, *, stage: str = "final") -> None:
+class ApprovalFaultPoint(enum.StrEnum):
+    AFTER_DECISION_BEFORE_CONTINUATION = "after_approval_decision_before_continuation"
+
+
+def fault_point(point: FaultPoint | ApprovalFaultPoint, *, stage: str = "final") -> None:
     """Kill this process with SIGKILL if ``GAPLINE_FAULT`` names ``point`` (at ``stage``)."""
     wanted = os.environ.get(FAULT_ENV)
     if not wanted:

@@ -13,7 +13,15 @@ a message):
   raw-event ceiling can stop mid-message; that drops an original and keeps
   edits nothing will claim — the harmless direction. The root is kept over
   and above the window: a thread without the message it is about is useless.
+  It is filed under the thread by its id: the root keeps its one row in the
+  room's timeline (where every client shows it), a thread's key *is* that id,
+  and every read of the thread returns the row (``ConversationPage.root``).
 - a room: one serialized ``/messages`` traversal backwards from the newest event.
+
+The window is the caller's: a prompt hydrates with the default bounds, an export
+with its own far larger ones (``EXPORT_BOUNDS``), and a conversation covered by a
+shorter walk that did not reach its start is walked again, deeper, when a caller
+asks for more than it holds.
 
 ``recursion_depth`` (Synapse reports the constant 3, Tuwunel the depth it
 really returned): a non-empty page must carry the field at all — a server
@@ -32,11 +40,13 @@ import enum
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import msgspec
 
 from gapline.journal._ingress import MediaDownloader, inbound_event, is_own_progress, resolve_text
+from gapline.journal._timeline import TimelineSource
 from gapline.journal._types import (
     ChunkOutcome,
     ConversationKey,
@@ -50,11 +60,14 @@ from gapline.matrix import (
     ClientEvent,
     Direction,
     MatrixError,
-    MessagesResponse,
     RelationsResponse,
 )
 
 __all__ = [
+    "EXPORT_BOUNDS",
+    "EXPORT_MAX_FETCHED_EVENTS",
+    "EXPORT_MAX_MESSAGES_REQUESTS",
+    "EXPORT_WINDOW_MESSAGES",
     "HydrationBounds",
     "HydrationFailed",
     "HydrationSource",
@@ -76,8 +89,9 @@ log = logging.getLogger("gapline.journal.hydration")
 MESSAGE_TYPES = frozenset({"m.room.message", "m.room.encrypted", "m.sticker"})
 
 
-class HydrationSource(Protocol):
-    """The slice of `gapline.matrix.MatrixClient` hydration uses."""
+class HydrationSource(TimelineSource, Protocol):
+    """The slice of `gapline.matrix.MatrixClient` hydration uses (``messages`` is the
+    timeline completion's own)."""
 
     async def get_event(self, room_id: str, event_id: str) -> ClientEvent: ...
 
@@ -94,17 +108,6 @@ class HydrationSource(Protocol):
         limit: int | None = None,
         recurse: bool | None = None,
     ) -> RelationsResponse: ...
-
-    async def messages(
-        self,
-        room_id: str,
-        *,
-        from_: str | None = None,
-        to: str | None = None,
-        dir: Direction | str = Direction.BACKWARD,
-        limit: int | None = None,
-        filter: str | Mapping[str, Any] | None = None,
-    ) -> MessagesResponse: ...
 
 
 # (event_type, sender, content) -> True for a self-authored transport-progress edit.
@@ -137,6 +140,29 @@ class HydrationBounds:
             raise ValueError("hydration bounds must be positive")
 
 
+# An export's bounds: far above a prompt's (a model cannot use more than a window, an
+# export wants the conversation), and still bounds, so one pathological conversation
+# cannot walk forever; an export that stops at one says so rather than hanging.
+EXPORT_WINDOW_MESSAGES = 500_000
+EXPORT_MAX_FETCHED_EVENTS = 2_000_000
+EXPORT_MAX_MESSAGES_REQUESTS = 10_000
+EXPORT_BOUNDS = HydrationBounds(
+    window_messages=EXPORT_WINDOW_MESSAGES,
+    max_fetched_events=EXPORT_MAX_FETCHED_EVENTS,
+    max_requests=EXPORT_MAX_MESSAGES_REQUESTS,
+    page_size=500,
+)
+
+
+def covers(coverage: Coverage | None, bounds: HydrationBounds | None) -> bool:
+    """Whether ``coverage`` serves a read asking for ``bounds`` (None: any coverage)."""
+    if coverage is None:
+        return False
+    if bounds is None or coverage.reached_start:
+        return True
+    return coverage.messages >= bounds.window_messages
+
+
 def replaces_event_id(event: ClientEvent) -> str | None:
     """The event an ``m.replace`` revises, or None for anything else."""
     relates = event.content.get("m.relates_to")
@@ -155,22 +181,67 @@ def is_logical_message(event: ClientEvent) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ThreadFetch:
-    """A thread walk: the root plus its relation tree, newest first as served."""
+    """A thread walk: the root plus its relation tree, newest first as served (empty
+    when the walk handed its pages to ``on_page`` instead of keeping them)."""
 
     root: ClientEvent
     events: tuple[ClientEvent, ...]
     stop: StopReason
     requests: int
+    messages: int = 0  # logical messages walked (the root not counted)
 
 
 @dataclass(frozen=True, slots=True)
 class RoomFetch:
-    """A room walk, newest first as served. ``end`` is where a later walk resumes."""
+    """A room walk, newest first as served (empty with ``on_page``). ``end`` is where a
+    later walk resumes."""
 
     events: tuple[ClientEvent, ...]
     stop: StopReason
     requests: int
     end: str | None
+    messages: int = 0
+
+
+# Receives each page's kept events as the walk goes on (sync or async): the caller
+# projects bounded chunks, and the walk keeps nothing itself.
+PageSink = Callable[[tuple[ClientEvent, ...]], Any]
+
+
+class _Walk:
+    """The counting both walks share: raw events against the ceiling, logical messages
+    against the window, and where the kept events go."""
+
+    def __init__(self, bounds: HydrationBounds, is_progress: TransportProgressPredicate) -> None:
+        self.bounds = bounds
+        self.is_progress = is_progress
+        self.raw = 0
+        self.logical = 0
+        self.kept: list[ClientEvent] = []
+
+    def take(self, chunk: Sequence[ClientEvent]) -> tuple[list[ClientEvent], StopReason | None]:
+        """The page's kept events, and why the walk stops inside it (None: it goes on).
+        The window stops only right after a logical message was taken."""
+        page: list[ClientEvent] = []
+        for event in chunk:
+            self.raw += 1
+            if not self.is_progress(event):
+                page.append(event)
+                if is_logical_message(event):
+                    self.logical += 1
+                    if self.logical >= self.bounds.window_messages:
+                        return page, StopReason.WINDOW
+            if self.raw >= self.bounds.max_fetched_events:
+                return page, StopReason.EVENT_CEILING
+        return page, None
+
+    async def hand(self, page: list[ClientEvent], on_page: PageSink | None) -> None:
+        if on_page is None:
+            self.kept.extend(page)
+        elif page:
+            result = on_page(tuple(page))
+            if hasattr(result, "__await__"):
+                await result
 
 
 async def fetch_relation_tree(
@@ -181,26 +252,39 @@ async def fetch_relation_tree(
     *,
     is_progress: TransportProgressPredicate,
     requests_used: int = 0,
+    on_page: PageSink | None = None,
 ) -> tuple[tuple[ClientEvent, ...], StopReason, int]:
     """Walk ``event_id``'s relations recursively, ``dir=b``, no type filter, under ``bounds``.
 
     Shared by thread hydration and the point refetch (one traversal, one set
-    of rules). Returns the kept events (progress edits dropped), why the walk
-    stopped, and the requests made.
+    of rules). Returns the kept events (progress edits dropped; none when
+    ``on_page`` took them), why the walk stopped, and the requests made.
     """
-    kept: list[ClientEvent] = []
-    raw = logical = 0
-    requests = requests_used
+    walk = _Walk(bounds, is_progress)
+    stop, requests, _ = await _relation_walk(
+        source, room_id, event_id, walk, requests_used, on_page
+    )
+    return tuple(walk.kept), stop, requests
+
+
+async def _relation_walk(
+    source: HydrationSource,
+    room_id: str,
+    event_id: str,
+    walk: _Walk,
+    requests: int,
+    on_page: PageSink | None,
+) -> tuple[StopReason, int, int]:
     from_: str | None = None
     while True:
-        if requests >= bounds.max_requests:
-            return tuple(kept), StopReason.REQUEST_BUDGET, requests
+        if requests >= walk.bounds.max_requests:
+            return StopReason.REQUEST_BUDGET, requests, walk.logical
         page = await source.relations(
             room_id,
             event_id,
             dir=Direction.BACKWARD,
             from_=from_,
-            limit=bounds.page_size,
+            limit=walk.bounds.page_size,
             recurse=True,
         )
         requests += 1
@@ -209,18 +293,12 @@ async def fetch_relation_tree(
                 f"/relations for {event_id} in {room_id} returned {len(page.chunk)} events "
                 "without recursion_depth"
             )
-        for event in page.chunk:
-            raw += 1
-            if not is_progress(event):
-                kept.append(event)
-                if is_logical_message(event):
-                    logical += 1
-                    if logical >= bounds.window_messages:
-                        return tuple(kept), StopReason.WINDOW, requests
-            if raw >= bounds.max_fetched_events:
-                return tuple(kept), StopReason.EVENT_CEILING, requests
+        kept, stop = walk.take(page.chunk)
+        await walk.hand(kept, on_page)
+        if stop is not None:
+            return stop, requests, walk.logical
         if not page.next_batch or not page.chunk:
-            return tuple(kept), StopReason.COMPLETE, requests
+            return StopReason.COMPLETE, requests, walk.logical
         from_ = page.next_batch
 
 
@@ -231,13 +309,19 @@ async def fetch_thread(
     bounds: HydrationBounds,
     *,
     is_progress: TransportProgressPredicate,
+    on_page: PageSink | None = None,
 ) -> ThreadFetch:
-    """The thread root (kept over and above the window) and its bounded relation tree."""
+    """The thread root (kept over and above the window) and its bounded relation tree.
+
+    With ``on_page`` the root goes to it first, then each page of the tree."""
     root = await source.get_event(room_id, root_id)
-    events, stop, requests = await fetch_relation_tree(
-        source, room_id, root_id, bounds, is_progress=is_progress, requests_used=1
+    walk = _Walk(bounds, is_progress)
+    if on_page is not None:
+        await walk.hand([root], on_page)
+    stop, requests, messages = await _relation_walk(source, room_id, root_id, walk, 1, on_page)
+    return ThreadFetch(
+        root=root, events=tuple(walk.kept), stop=stop, requests=requests, messages=messages
     )
-    return ThreadFetch(root=root, events=events, stop=stop, requests=requests)
 
 
 async def fetch_room(
@@ -246,7 +330,7 @@ async def fetch_room(
     bounds: HydrationBounds,
     *,
     is_progress: TransportProgressPredicate,
-    on_page: Callable[[tuple[ClientEvent, ...]], Any] | None = None,
+    on_page: PageSink | None = None,
 ) -> RoomFetch:
     """One backwards ``/messages`` traversal from the newest event, under ``bounds``.
 
@@ -256,41 +340,26 @@ async def fetch_room(
     walk stops right after the logical message that fills the window, with
     that message's edit tail already collected — the same rule as a thread.
     """
-    kept: list[ClientEvent] = []
-    raw = logical = requests = 0
+    walk = _Walk(bounds, is_progress)
+    requests = 0
     from_: str | None = None
     end: str | None = None
     while True:
         if requests >= bounds.max_requests:
-            return RoomFetch(tuple(kept), StopReason.REQUEST_BUDGET, requests, end)
+            return RoomFetch(
+                tuple(walk.kept), StopReason.REQUEST_BUDGET, requests, end, walk.logical
+            )
         page = await source.messages(
             room_id, from_=from_, dir=Direction.BACKWARD, limit=bounds.page_size
         )
         requests += 1
-        page_kept: list[ClientEvent] = []
-        stop: StopReason | None = None
-        for event in page.chunk:
-            raw += 1
-            if not is_progress(event):
-                page_kept.append(event)
-                if is_logical_message(event):
-                    logical += 1
-                    if logical >= bounds.window_messages:
-                        stop = StopReason.WINDOW
-                        break
-            if raw >= bounds.max_fetched_events:
-                stop = StopReason.EVENT_CEILING
-                break
-        kept.extend(page_kept)
+        kept, stop = walk.take(page.chunk)
+        await walk.hand(kept, on_page)
         end = page.end
-        if on_page is not None and page_kept:
-            result = on_page(tuple(page_kept))
-            if hasattr(result, "__await__"):
-                await result
         if stop is not None:
-            return RoomFetch(tuple(kept), stop, requests, end)
+            return RoomFetch(tuple(walk.kept), stop, requests, end, walk.logical)
         if not page.end or not page.chunk:
-            return RoomFetch(tuple(kept), StopReason.COMPLETE, requests, None)
+            return RoomFetch(tuple(walk.kept), StopReason.COMPLETE, requests, None, walk.logical)
         from_ = page.end
 
 
@@ -355,17 +424,28 @@ class Hydrator:
     def _is_progress(self, event: ClientEvent) -> bool:
         return is_own_progress(event, self.principal_id)
 
-    async def ensure(self, key: ConversationKey) -> Coverage:
-        """Coverage of ``key``, hydrating it first when it has none."""
+    async def ensure(self, key: ConversationKey, bounds: HydrationBounds | None = None) -> Coverage:
+        """Coverage of ``key``, hydrating it first when it has none, or when ``bounds``
+        ask for more than a walk that stopped short of the start covered."""
         existing = await self.view.coverage(key)
-        if existing is not None:
+        if covers(existing, bounds):
+            assert existing is not None
             return existing
         task = self._inflight.get(key)
-        if task is None:
-            task = asyncio.create_task(self._hydrate(key))
+        if task is not None and not task.done():
+            coverage = await asyncio.shield(task)
+            if covers(coverage, bounds):
+                return coverage
+        task = self._inflight.get(key)
+        if task is None or task.done():
+            task = asyncio.create_task(self._hydrate(key, bounds))
             self._inflight[key] = task
-            task.add_done_callback(lambda _t, k=key: self._inflight.pop(k, None))
+            task.add_done_callback(partial(self._forget, key))
         return await asyncio.shield(task)
+
+    def _forget(self, key: ConversationKey, task: asyncio.Task[Coverage]) -> None:
+        if self._inflight.get(key) is task:
+            del self._inflight[key]
 
     async def aclose(self) -> None:
         tasks = list(self._inflight.values())
@@ -373,19 +453,22 @@ class Hydrator:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _hydrate(self, key: ConversationKey) -> Coverage:
+    async def _hydrate(self, key: ConversationKey, bounds: HydrationBounds | None) -> Coverage:
         lock = self._room_locks.setdefault(key.room_id, asyncio.Lock())
         async with lock:
             existing = await self.view.coverage(key)
-            if existing is not None:
+            if covers(existing, bounds):
+                assert existing is not None
                 return existing
             epoch = await self.view.epoch(key.room_id)
             try:
                 if key.thread_id is None:
-                    messages, reached_start = await self._walk_room(key.room_id, epoch)
+                    messages, reached_start = await self._walk_room(
+                        key.room_id, epoch, bounds or self.room_bounds
+                    )
                 else:
                     messages, reached_start = await self._walk_thread(
-                        key.room_id, key.thread_id, epoch
+                        key.room_id, key.thread_id, epoch, bounds or self.thread_bounds
                     )
             except (HydrationFailed, RecursionNotHonoured):
                 raise
@@ -424,25 +507,36 @@ class Hydrator:
             if outcome is ChunkOutcome.STALE_EPOCH:
                 raise HydrationFailed(f"membership of {room_id} moved during hydration")
 
-    async def _walk_thread(self, room_id: str, root_id: str, epoch: int) -> tuple[int, bool]:
-        fetch = await fetch_thread(
-            self.source, room_id, root_id, self.thread_bounds, is_progress=self._is_progress
-        )
-        # The root is kept over and above the window; the store files it under the room.
-        await self._project(room_id, (*fetch.events, fetch.root), epoch)
-        messages = sum(1 for e in fetch.events if is_logical_message(e))
-        return messages, fetch.stop is StopReason.COMPLETE
+    async def _walk_thread(
+        self, room_id: str, root_id: str, epoch: int, bounds: HydrationBounds
+    ) -> tuple[int, bool]:
+        async def project_page(events: tuple[ClientEvent, ...]) -> None:
+            await self._project(room_id, events, epoch)
 
-    async def _walk_room(self, room_id: str, epoch: int) -> tuple[int, bool]:
+        # The root comes first (the oldest), kept over and above the window, projected in
+        # its own room row; the thread's reads return it by the thread's key, its id.
+        # Every page is projected as it arrives, in bounded chunks: nothing is kept.
+        fetch = await fetch_thread(
+            self.source,
+            room_id,
+            root_id,
+            bounds,
+            is_progress=self._is_progress,
+            on_page=project_page,
+        )
+        return fetch.messages, fetch.stop is StopReason.COMPLETE
+
+    async def _walk_room(
+        self, room_id: str, epoch: int, bounds: HydrationBounds
+    ) -> tuple[int, bool]:
         async def project_page(events: tuple[ClientEvent, ...]) -> None:
             await self._project(room_id, events, epoch)
 
         fetch = await fetch_room(
             self.source,
             room_id,
-            self.room_bounds,
+            bounds,
             is_progress=self._is_progress,
             on_page=project_page,
         )
-        messages = sum(1 for e in fetch.events if is_logical_message(e))
-        return messages, fetch.stop is StopReason.COMPLETE
+        return fetch.messages, fetch.stop is StopReason.COMPLETE

@@ -5,23 +5,24 @@ The loop takes one ``/sync`` answer, admits each timeline event through the
 only then persists ``next_batch``. A crash in between redelivers the batch;
 admission deduplicates by event id, so nothing is lost and nothing doubles.
 
-Provenance is what the sync answer says, never a local guess:
-
-- a timeline event of an incremental sync is ``LIVE``;
-- the timeline of a ``limited`` incremental sync is ``RECOVERED`` (the server
-  says events were left out before it; it is a catch-up, not a live tail), and
-  so are the left-out events, paged back from its ``prev_batch`` down to the
-  previous sync token (bounded) and admitted before it, oldest first;
-- every timeline event of the first sync (no stored token) is ``HISTORY``: it
-  predates this journal, like a page of ``/messages``.
+Provenance is what the sync answer says, never a local guess: ``_timeline`` reads it
+off the answer (``HISTORY`` for a first sync, ``LIVE``, ``RECOVERED`` for a limited
+timeline and the gap its completion paged back) and ingress admits every event with
+it. A gap the completion could not fetch whole is recorded
+(``HistoryRecoveryRecordView``) before the token moves past it.
 
 Room-lifecycle state (our own membership) has its own rule and is never
 labelled LIVE/RECOVERED/HISTORY: an invite is a *dispatch* (join or reject,
-per ``--allow-inviter``); a room under ``rooms.leave`` is a *reported
-departure* fenced exactly once; our join seen in a room's timeline
-is a baseline record: events before it in the same timeline were sent while
-we were not a member and are admitted as context, never dispatched, and a
-limited timeline that holds our join is not gap-recovered.
+per ``--allow-inviter``); a room under ``rooms.leave``, our leave in a
+timeline, or our leave in a limited room's state block
+(``room_member_sync_state_plan``) is a *reported departure* fenced exactly
+once; our join seen in a room's timeline or state block is a baseline record:
+events before it were sent while we were not a member and are admitted as
+context, never dispatched, and the gap before it is not completed.
+
+A reply to one of our approval cards, or a reaction to one, is admitted as
+``APPROVAL_REPLY`` (``RelationView`` knows the card): it answers the card and
+is never a turn of its own.
 
 Self-authored progress edits are not admitted at all: streaming progress is
 transport, never conversation content.
@@ -37,25 +38,29 @@ from typing import Any, Protocol
 
 import msgspec
 
+from gapline.journal._approval_cards import related_answer
 from gapline.journal._faults import FaultPoint, fault_point
+from gapline.journal._membership import MembershipView
 from gapline.journal._progress import is_streaming_progress
 from gapline.journal._sidecar import SidecarUnresolved, resolve_sidecar, sidecar_ref
+from gapline.journal._timeline import (
+    TimelineSource,
+    complete_timeline,
+    is_own_departure,
+    is_own_membership,
+    is_own_new_join,
+    room_member_sync_state_plan,
+)
 from gapline.journal._types import (
     AdmitOutcome,
     DepartureSource,
     EventKind,
+    EventRoleKind,
     InboundEvent,
     Provenance,
 )
-from gapline.journal._views import AdmissionView, MembershipView
-from gapline.matrix import (
-    ClientEvent,
-    Direction,
-    MatrixError,
-    MessagesResponse,
-    SyncResponse,
-    UnknownToken,
-)
+from gapline.journal._views import AdmissionView, HistoryRecoveryRecordView, RelationView
+from gapline.matrix import ClientEvent, MatrixError, SyncResponse, UnknownToken
 from gapline.storage import Backend, Migration
 
 __all__ = [
@@ -241,7 +246,7 @@ async def resolve_text(event: ClientEvent, media: MediaDownloader | None) -> str
 # -- the loop ----------------------------------------------------------------------------
 
 
-class SyncSource(MediaDownloader, Protocol):
+class SyncSource(MediaDownloader, TimelineSource, Protocol):
     async def sync(
         self,
         *,
@@ -252,17 +257,6 @@ class SyncSource(MediaDownloader, Protocol):
         full_state: bool | None = None,
         set_presence: str | None = None,
     ) -> SyncResponse: ...
-
-    async def messages(
-        self,
-        room_id: str,
-        *,
-        from_: str | None = None,
-        to: str | None = None,
-        dir: Direction | str = Direction.BACKWARD,
-        limit: int | None = None,
-        filter: str | Mapping[str, Any] | None = None,
-    ) -> MessagesResponse: ...
 
     async def join(self, room_id_or_alias: str, *, via: Sequence[str] = ()) -> str: ...
 
@@ -284,15 +278,18 @@ class IngressPolicy:
         return not self.allow_inviters or inviter in self.allow_inviters
 
 
-class IngressMembership(AdmissionView, MembershipView, Protocol):
-    """Ingress admits events and reports departures: exactly these two views."""
+class IngressJournal(
+    AdmissionView, MembershipView, RelationView, HistoryRecoveryRecordView, Protocol
+):
+    """Ingress admits events, reports departures, asks what a reply relates to and
+    records gaps it could not complete: exactly these four views."""
 
 
 @dataclass
 class Ingress:
     """Owns the sync loop of one principal."""
 
-    journal: IngressMembership
+    journal: IngressJournal
     client: SyncSource
     state: RuntimeState
     policy: IngressPolicy = field(default_factory=IngressPolicy)
@@ -382,83 +379,59 @@ class Ingress:
     ) -> None:
         joined = response.rooms.join.get(room_id)
         if joined is not None:
-            timeline = joined.timeline
-            if initial:
-                provenance = Provenance.HISTORY
-            elif timeline.limited:
-                provenance = Provenance.RECOVERED
-                if (
-                    since is not None
-                    and timeline.prev_batch is not None
-                    and not any(self._is_own_new_join(e) for e in timeline.events)
-                ):
-                    # The server says events were left out between `since` and this
-                    # timeline: page them back (bounded) and admit them first, oldest
-                    # first, so receipt order stays the room's order. (Not when we just
-                    # joined: that gap predates our membership.)
-                    gap = await self._recover_gap(room_id, timeline.prev_batch, since)
-                    await self._admit_timeline(room_id, gap, Provenance.RECOVERED)
-            else:
-                provenance = Provenance.LIVE
-            await self._admit_timeline(room_id, timeline.events, provenance)
+            plan = room_member_sync_state_plan(
+                joined, principal_id=self.principal_id, initial=initial
+            )
+            for departure in plan.dispatch:
+                # Before the timeline: its events belong to the membership that followed.
+                await self._reported_departure(room_id, departure.event_id)
+            for join in () if initial else plan.record:
+                log.info(
+                    "membership began inside the gap",
+                    extra={"room_id": room_id, "event_id": join.event_id},
+                )
+            completed = await complete_timeline(
+                self.client,
+                room_id,
+                joined,
+                principal_id=self.principal_id,
+                since=None if initial else since,
+                page_size=self.policy.recovery_page_size,
+                max_pages=self.policy.recovery_max_pages,
+            )
+            if not completed.complete:
+                # Written down before the token moves past the hole: the room's
+                # conversations go cold, and the next read hydrates them.
+                await self.journal.record_history_gap(room_id)
+            await self._admit_timeline(room_id, completed.gap, completed.provenance)
+            await self._admit_timeline(room_id, completed.events, completed.provenance)
         left = response.rooms.leave.get(room_id)
         if left is not None:
             provenance = Provenance.HISTORY if initial else Provenance.LIVE
             await self._admit_timeline(room_id, left.timeline.events, provenance)
-            if not any(self._is_own_membership(e) for e in left.timeline.events):
+            if not any(is_own_membership(e, self.principal_id) for e in left.timeline.events):
                 # A limited timeline left our leave event out: the section itself is
                 # the report. (No event id to remember it by; a redelivery after a
                 # crash can fence this one twice, which only advances the epoch again.)
                 await self._reported_departure(room_id, None)
 
-    async def _recover_gap(self, room_id: str, prev_batch: str, since: str) -> list[ClientEvent]:
-        """The events a limited sync left out, oldest first, at most a bounded number of pages."""
-        events: list[ClientEvent] = []
-        from_ = prev_batch
-        for _ in range(self.policy.recovery_max_pages):
-            try:
-                page = await self.client.messages(
-                    room_id,
-                    from_=from_,
-                    to=since,
-                    dir=Direction.BACKWARD,
-                    limit=self.policy.recovery_page_size,
-                )
-            except MatrixError as exc:
-                # Sync position must not wait on this: what was not recovered stays
-                # missing, visibly (logged), rather than blocking every other room.
-                log.warning("gap recovery failed", extra={"room_id": room_id, "error": str(exc)})
-                break
-            events.extend(page.chunk)
-            if not page.end:
-                break
-            from_ = page.end
-        else:
-            log.warning("gap recovery stopped at its page budget", extra={"room_id": room_id})
-        events.reverse()
-        return events
-
-    def _is_own_new_join(self, event: ClientEvent) -> bool:
-        """Our own join that starts a membership (not a profile change: join after join)."""
-        if not (self._is_own_membership(event) and event.content.get("membership") == "join"):
-            return False
-        prev = event.unsigned.get("prev_content")
-        return not (isinstance(prev, Mapping) and prev.get("membership") == "join")
-
-    def _is_own_membership(self, event: ClientEvent) -> bool:
-        return event.type == "m.room.member" and event.state_key == self.principal_id
-
-    def _is_own_departure(self, event: ClientEvent) -> bool:
-        """Our own leave or ban, except the rejection of an invite (never a member: nothing
-        to fence). The previous membership is what the server says in ``unsigned``."""
-        if not (
-            event.type == "m.room.member"
-            and event.state_key == self.principal_id
-            and event.content.get("membership") in ("leave", "ban")
-        ):
-            return False
-        prev = event.unsigned.get("prev_content")
-        return not (isinstance(prev, Mapping) and prev.get("membership") == "invite")
+    async def _kind(self, room_id: str, event: ClientEvent, provenance: Provenance) -> EventKind:
+        """The runtime's kind for ``event``; a reply or reaction to one of our approval
+        cards is an ``APPROVAL_REPLY`` (the card's event id is known by then: its
+        delivery was acknowledged before anyone could see the card to answer it, or the
+        dispatcher holds the answer back until it is)."""
+        kind = classify_kind(event, self.principal_id, provenance)
+        if kind not in (EventKind.ACTIONABLE, EventKind.REACTION):
+            return kind
+        if event.sender == self.principal_id or provenance is Provenance.HISTORY:
+            return kind
+        answer = related_answer(event.type, event.content)
+        if answer is None:
+            return kind
+        role = await self.journal.event_role(room_id, answer.target_event_id)
+        if role is not None and role.kind is EventRoleKind.APPROVAL_CARD:
+            return EventKind.APPROVAL_REPLY
+        return kind
 
     async def _admit_timeline(
         self, room_id: str, events: Sequence[ClientEvent], provenance: Provenance
@@ -478,12 +451,13 @@ class Ingress:
         # while we were not a member. It is journaled and projected as context, never
         # dispatched; its provenance label is left as the sync gave it.
         joined_at = max(
-            (i + 1 for i, e in enumerate(events) if self._is_own_new_join(e)), default=0
+            (i + 1 for i, e in enumerate(events) if is_own_new_join(e, self.principal_id)),
+            default=0,
         )
         for index, event in enumerate(events):
             if is_own_progress(event, self.principal_id):
                 continue
-            kind = classify_kind(event, self.principal_id, provenance)
+            kind = await self._kind(room_id, event, provenance)
             if index < joined_at and kind is EventKind.ACTIONABLE:
                 kind = EventKind.CONTEXT_ONLY
             resolved = await resolve_text(event, self.client)
@@ -500,11 +474,12 @@ class Ingress:
                     "event refused by membership fence",
                     extra={"room_id": room_id, "event_id": event.event_id},
                 )
-            elif outcome is AdmitOutcome.ADMITTED and kind is EventKind.ACTIONABLE:
-                fault_point(FaultPoint.AFTER_ADMISSION_BEFORE_DISPATCH)
+            elif outcome is AdmitOutcome.ADMITTED and kind is not EventKind.CONTEXT_ONLY:
+                if kind is EventKind.ACTIONABLE:
+                    fault_point(FaultPoint.AFTER_ADMISSION_BEFORE_DISPATCH)
                 if self.on_admitted is not None:
                     self.on_admitted()
-            if self._is_own_departure(event):
+            if is_own_departure(event, self.principal_id):
                 echoes += 1
                 await self._reported_departure(room_id, event.event_id)
                 epoch = await self.journal.epoch(room_id)
@@ -513,21 +488,23 @@ class Ingress:
     async def _reported_departure(self, room_id: str, leave_event_id: str | None) -> None:
         """Fence a departure the server reported, once per leave event.
 
-        The leave event's id is the report's identity, remembered in the runtime
-        state, so a batch redelivered after a crash does not fence twice, and
-        two leaves before one sync are two reports, each retiring the report
-        its local leave owes.
+        The leave event's id is the report's identity, recorded by the store in the
+        fence's own transaction, so a batch redelivered after a crash (or after a
+        cancellation between the two) does not fence twice, and two leaves before one
+        sync are two reports, each retiring the report its local leave owes. (Stores
+        written by an earlier gapline remembered reports in the runtime state; those
+        markers are still honoured.)
         """
-        marker = None if leave_event_id is None else f"reported:{leave_event_id}"
-        if marker is not None and await self.state.get(marker) is not None:
+        legacy = None if leave_event_id is None else f"reported:{leave_event_id}"
+        if legacy is not None and await self.state.get(legacy) is not None:
             return
-        outcome = await self.journal.fence_departure(room_id, source=DepartureSource.REPORTED)
+        outcome = await self.journal.fence_departure(
+            room_id, source=DepartureSource.REPORTED, report_id=leave_event_id
+        )
         log.info(
             "departure reported",
             extra={"room_id": room_id, "event_id": leave_event_id, "outcome": outcome.value},
         )
-        if marker is not None:
-            await self.state.put(marker, outcome.value)
 
     async def _invited(self, room_id: str, invite_state: Sequence[Any]) -> None:
         inviter = next(

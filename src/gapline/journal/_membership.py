@@ -10,20 +10,26 @@ nothing owed advances. An advance that raises rolls back whole (nothing owed is
 recorded, so the echo advances), a restart finds the owed rows, and two leaves before
 one echo owe two reports.
 
-Every write that checks the epoch first takes the room's shared membership lock and an
-advance takes it exclusively (``_locks``: PostgreSQL only, SQLite has one writer).
+Every write that checks the epoch first takes the room's shared membership lock and
+an advance takes it exclusively (``_locks``: PostgreSQL only, SQLite has one writer).
+
+:class:`MembershipView` is the collaborator's slice (the eleventh view, beside the ten
+of ``_views``): it lives with the rule it fences.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
+from gapline.journal import _approvals, _relations
 from gapline.journal._locks import lock_room
 from gapline.journal._types import DepartureOutcome, DepartureSource
 from gapline.storage import Tx
 
 __all__ = [
     "INTERACTIVE_REACTION",
+    "MembershipView",
     "advance_epoch",
-    "current_epoch",
     "fence_departure",
     "retire_owed_departure_reports",
     "rooms_owing_departure_reports",
@@ -33,12 +39,18 @@ __all__ = [
 INTERACTIVE_REACTION = "interactive_reaction"
 
 
-def current_epoch(tx: Tx, p: str, room_id: str) -> int:
-    row = tx.one(
-        "SELECT epoch FROM journal_membership WHERE principal_id = ? AND room_id = ?",
-        (p, room_id),
-    )
-    return 0 if row is None else int(row[0])
+class MembershipView(Protocol):
+    """Membership fences, each departure applied exactly once across restarts."""
+
+    async def epoch(self, room_id: str) -> int: ...
+
+    async def fence_departure(
+        self, room_id: str, *, source: DepartureSource, report_id: str | None = None
+    ) -> DepartureOutcome: ...
+
+    async def rooms_owing_departure_reports(self, limit: int = 1000) -> tuple[str, ...]: ...
+
+    async def retire_owed_departure_reports(self, room_id: str) -> int: ...
 
 
 def advance_epoch(tx: Tx, p: str, room_id: str) -> int:
@@ -46,7 +58,10 @@ def advance_epoch(tx: Tx, p: str, room_id: str) -> int:
 
     The caller holds the exclusive room lock. Attempted-but-unacknowledged deliveries
     survive on purpose: their outcome is unknown, and keeping the frozen payload and
-    transaction id makes a retry collapse onto the same event.
+    transaction id makes a retry collapse onto the same event. Approval cards and
+    continuations are reconciled across the principals holding them, the room's cards
+    tombstoned and their fully acknowledged deliveries retired (``_approvals``), and
+    interactive targets dropped (``_relations``).
     """
     row = tx.one(
         "INSERT INTO journal_membership (principal_id, room_id, epoch) VALUES (?, ?, 1)"
@@ -64,6 +79,8 @@ def advance_epoch(tx: Tx, p: str, room_id: str) -> int:
         " AND acked_event_id IS NULL AND attempted = 0",
         params,
     )
+    _approvals.reconcile_departure(tx, p, room_id)
+    _relations.drop_interactive(tx, p, room_id)
     # Force-settle turn-backed sources (and claimed interactive reactions) so the worker
     # does not offer them forever only for enqueue to refuse. Other kinds (redactions
     # above all) still owe real work and are left pending.
@@ -76,8 +93,22 @@ def advance_epoch(tx: Tx, p: str, room_id: str) -> int:
     return int(row[0])
 
 
-def fence_departure(tx: Tx, p: str, room_id: str, source: DepartureSource) -> DepartureOutcome:
+def fence_departure(
+    tx: Tx, p: str, room_id: str, source: DepartureSource, report_id: str | None = None
+) -> DepartureOutcome:
+    """Apply one departure. ``report_id`` (REPORTED only) is the event that reported it:
+    recorded in this transaction, so a redelivery of that event does nothing."""
     lock_room(tx, p, room_id, exclusive=True)
+    if report_id is not None:
+        if source is not DepartureSource.REPORTED:
+            raise ValueError("only a reported departure has a reporting event")
+        fresh = tx.one(
+            "INSERT INTO journal_reported_departures (principal_id, room_id, event_id)"
+            " VALUES (?, ?, ?) ON CONFLICT DO NOTHING RETURNING 1",
+            (p, room_id, report_id),
+        )
+        if fresh is None:
+            return DepartureOutcome.ALREADY_REPORTED
     if source is DepartureSource.REPORTED:
         owed = tx.one(
             "SELECT epoch FROM journal_owed_departures WHERE principal_id = ? AND room_id = ?"

@@ -14,18 +14,21 @@
   be followed by different content under the same id.
 - ``acknowledge`` commits the acknowledgement and the turn record together; the loser
   of a race writes neither, so the outbox and the turn record never name different events.
+  An approval card's row (purpose ``approval_card``) records the card's event id in
+  ``approval_cards`` instead: the card's transport state is here, its call is there.
 """
 
 from __future__ import annotations
 
 import hashlib
 
+from gapline.journal._epochs import current_epoch
 from gapline.journal._locks import lock_room
-from gapline.journal._membership import current_epoch
 from gapline.journal._sql_postgres import CLAIM_DELIVERIES_FOR_UPDATE
 from gapline.journal._types import (
     AckOutcome,
     Delivery,
+    DeliveryPurpose,
     DeliveryRequest,
     DeliveryStage,
     EnqueueOutcome,
@@ -41,14 +44,24 @@ from gapline.storage import Dialect, Tx
 
 __all__ = [
     "CLAIM_DELIVERIES",
+    "DELIVERY_COLUMNS",
     "acknowledge",
     "begin_turn",
+    "channel",
     "claim",
     "enqueue",
     "load_turn",
     "record_result",
     "transaction_id",
+    "write_delivery",
 ]
+
+
+def channel(kind: str, principal_id: str) -> str:
+    """The notification channel of one principal's ``kind`` of wake-ups (``pending``,
+    ``outbox``). PostgreSQL channel names are identifiers of at most 63 bytes, which an
+    MXID is not, hence the digest."""
+    return f"gl_journal_{kind}_{hashlib.sha256(principal_id.encode()).hexdigest()[:24]}"
 
 
 def transaction_id(principal_id: str, delivery_id: str, stage: DeliveryStage) -> str:
@@ -145,22 +158,61 @@ def enqueue(
         return EnqueueOutcome.STALE_EPOCH
     if request.stage is DeliveryStage.FINAL and turn.state is TurnState.OPEN:
         raise TurnNotCompleted(turn.turn_id)
-    content = _as_bytes(request.content)
-    thread = encode_thread_id(request.thread_id)
+    outcome = write_delivery(
+        tx,
+        p,
+        delivery_id=request.delivery_id,
+        stage=request.stage,
+        turn_id=turn.turn_id,
+        room_id=request.room_id,
+        thread=encode_thread_id(request.thread_id),
+        event_type=request.event_type,
+        content=_as_bytes(request.content),
+        purpose=DeliveryPurpose.ANSWER,
+        outbox_channel=outbox_channel,
+    )
+    if settle_source:
+        tx.execute(
+            "UPDATE journal_events SET settled = 1, source = NULL, consumer = NULL"
+            " WHERE principal_id = ? AND event_id = ? AND settled = 0",
+            (p, turn.source_event_id),
+        )
+    return outcome
+
+
+def write_delivery(
+    tx: Tx,
+    p: str,
+    *,
+    delivery_id: str,
+    stage: DeliveryStage,
+    turn_id: str,
+    room_id: str,
+    thread: str,
+    event_type: str,
+    content: bytes,
+    purpose: DeliveryPurpose,
+    outbox_channel: str,
+) -> EnqueueOutcome:
+    """Create the row, or update it while unattempted; an attempted row keeps its frozen
+    payload and transaction id. A created or updated row wakes the delivery worker.
+    The caller has checked the membership epoch. (Approval cards write through here too.)
+    """
     created = tx.one(
         "INSERT INTO journal_outbox (principal_id, delivery_id, stage, turn_id, room_id, thread_id,"
-        " event_type, content, txn_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " event_type, content, txn_id, purpose) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         " ON CONFLICT (principal_id, delivery_id, stage) DO NOTHING RETURNING seq",
         (
             p,
-            request.delivery_id,
-            request.stage.value,
-            turn.turn_id,
-            request.room_id,
+            delivery_id,
+            stage.value,
+            turn_id,
+            room_id,
             thread,
-            request.event_type,
+            event_type,
             content,
-            transaction_id(p, request.delivery_id, request.stage),
+            transaction_id(p, delivery_id, stage),
+            purpose.value,
         ),
     )
     if created is not None:
@@ -170,7 +222,7 @@ def enqueue(
             "UPDATE journal_outbox SET content = ?, thread_id = ?, event_type = ?"
             " WHERE principal_id = ? AND delivery_id = ? AND stage = ? AND attempted = 0"
             " AND acked_event_id IS NULL",
-            (content, thread, request.event_type, p, request.delivery_id, request.stage.value),
+            (content, thread, event_type, p, delivery_id, stage.value),
         )
         == 1
     ):
@@ -179,27 +231,23 @@ def enqueue(
         row = tx.one(
             "SELECT acked_event_id FROM journal_outbox"
             " WHERE principal_id = ? AND delivery_id = ? AND stage = ?",
-            (p, request.delivery_id, request.stage.value),
+            (p, delivery_id, stage.value),
         )
         outcome = (
             EnqueueOutcome.ACKNOWLEDGED
             if row is not None and row[0] is not None
             else EnqueueOutcome.FROZEN
         )
-    if settle_source:
-        tx.execute(
-            "UPDATE journal_events SET settled = 1, source = NULL, consumer = NULL"
-            " WHERE principal_id = ? AND event_id = ? AND settled = 0",
-            (p, turn.source_event_id),
-        )
     if outcome in (EnqueueOutcome.CREATED, EnqueueOutcome.UPDATED):
-        tx.notify(outbox_channel, request.delivery_id)
+        tx.notify(outbox_channel, delivery_id)
     return outcome
 
 
-_DELIVERY_COLUMNS = (
-    "seq, turn_id, delivery_id, stage, room_id, thread_id, event_type, content, txn_id, attempted"
+DELIVERY_COLUMNS = (
+    "seq, turn_id, delivery_id, stage, room_id, thread_id, event_type, content, txn_id,"
+    " attempted, purpose"
 )
+"""What ``claim`` returns of a row, in :func:`_delivery`'s order (both claim twins)."""
 
 
 def _delivery(row: tuple) -> Delivery:
@@ -214,13 +262,14 @@ def _delivery(row: tuple) -> Delivery:
         content=bytes(row[7]),
         txn_id=row[8],
         attempted=bool(row[9]),
+        purpose=DeliveryPurpose(row[10]),
     )
 
 
 CLAIM_DELIVERIES = (
     "UPDATE journal_outbox SET attempted = 1 WHERE seq IN ("
     " SELECT seq FROM journal_outbox WHERE principal_id = ? AND acked_event_id IS NULL"
-    f" ORDER BY seq LIMIT ?) RETURNING {_DELIVERY_COLUMNS}"
+    f" ORDER BY seq LIMIT ?) RETURNING {DELIVERY_COLUMNS}"
 )
 """Mark the oldest unacknowledged rows attempted and return them as stored. PostgreSQL
 twin: ``_sql_postgres.CLAIM_DELIVERIES_FOR_UPDATE`` (the same claim, locking its rows)."""
@@ -238,13 +287,23 @@ def claim(tx: Tx, p: str, limit: int) -> tuple[Delivery, ...]:
 
 
 def acknowledge(tx: Tx, p: str, delivery: Delivery, event_id: str) -> AckOutcome:
-    won = tx.execute(
+    won = tx.one(
         "UPDATE journal_outbox SET acked_event_id = ? WHERE principal_id = ? AND delivery_id = ?"
-        " AND stage = ? AND txn_id = ? AND attempted = 1 AND acked_event_id IS NULL",
+        " AND stage = ? AND txn_id = ? AND attempted = 1 AND acked_event_id IS NULL"
+        " RETURNING purpose",
         (event_id, p, delivery.delivery_id, delivery.stage.value, delivery.txn_id),
     )
-    if won != 1:
+    if won is None:
         return AckOutcome.LOST
+    if won[0] == DeliveryPurpose.APPROVAL_CARD.value:
+        if delivery.stage is DeliveryStage.INITIAL:
+            # The card's event id: what an answer to the card names (first writer wins).
+            tx.execute(
+                "UPDATE approval_cards SET card_event_id = ? WHERE principal_id = ?"
+                " AND approval_id = ? AND card_event_id IS NULL",
+                (event_id, p, delivery.delivery_id),
+            )
+        return AckOutcome.ACKNOWLEDGED
     if delivery.stage is DeliveryStage.INITIAL:
         tx.execute(
             "UPDATE journal_turns SET initial_event_id = ? WHERE principal_id = ? AND turn_id = ?",

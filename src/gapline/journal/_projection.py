@@ -33,8 +33,8 @@ from typing import Any
 
 import msgspec
 
+from gapline.journal._epochs import current_epoch
 from gapline.journal._locks import lock_messages, lock_room
-from gapline.journal._membership import current_epoch
 from gapline.journal._progress import is_streaming_progress
 from gapline.journal._sidecar import SIDECAR_KEY
 from gapline.journal._types import (

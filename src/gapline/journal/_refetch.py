@@ -33,7 +33,7 @@ from gapline.journal._hydration import (
 from gapline.journal._ingress import MediaDownloader, is_own_progress, resolve_text
 from gapline.journal._sidecar import sidecar_ref
 from gapline.journal._types import RefreshDebt, Revision
-from gapline.journal._views import RefetchView
+from gapline.journal._views import HydrationView
 from gapline.matrix import ClientEvent, NotFound
 
 __all__ = ["PointRefetcher", "RefetchFailed", "RefetchSource", "visible_revision"]
@@ -90,7 +90,7 @@ def _visible_content(event: ClientEvent, original: ClientEvent) -> Mapping[str, 
 class PointRefetcher:
     """Runs point refetches, one shared task per message; owns those tasks."""
 
-    view: RefetchView
+    view: HydrationView
     source: RefetchSource
     principal_id: str
     bounds: HydrationBounds = field(default_factory=lambda: HydrationBounds(window_messages=200))

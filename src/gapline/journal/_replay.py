@@ -10,9 +10,9 @@ claim is fenced by the membership epoch the event was admitted under.
 
 from __future__ import annotations
 
+from gapline.journal._epochs import current_epoch
 from gapline.journal._events import EVENT_COLUMNS, pending_event
 from gapline.journal._locks import lock_room
-from gapline.journal._membership import current_epoch
 from gapline.journal._types import ConsumerClaim, PendingEvent, UnknownEvent
 from gapline.storage import Tx
 

@@ -156,6 +156,82 @@ CREATE INDEX journal_outbox_room_unacked
 """
 
 
+_V2 = """
+-- What an outbox row carries: 'answer' (a turn's placeholder and final edit) or
+-- 'approval_card' (a card and its resolution edit). The Matrix transport state of both
+-- (payload, txn id, attempted, acknowledgement) stays here; an approval card's exact
+-- call lives in approval_cards, keyed by the row's delivery_id (= approval_id).
+ALTER TABLE journal_outbox ADD COLUMN purpose TEXT NOT NULL DEFAULT 'answer';
+
+-- A turn suspended on one exact call until a decision. decision is NULL while waiting;
+-- the first decision recorded is final. epoch: the membership epoch of the turn.
+CREATE TABLE approval_continuations (
+    principal_id TEXT {C} NOT NULL,   -- the turn's principal
+    approval_id TEXT {C} NOT NULL,
+    turn_id TEXT NOT NULL,
+    room_id TEXT {C} NOT NULL,
+    epoch BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL,       -- wall-clock ms
+    decision TEXT,
+    decided_by TEXT,
+    reason TEXT,
+    PRIMARY KEY (principal_id, approval_id)
+);
+CREATE INDEX approval_continuations_waiting
+    ON approval_continuations (principal_id, room_id) WHERE decision IS NULL;
+
+-- The card asking a human to approve one exact call: the call's name, its canonical
+-- arguments and their digest, the turn and delivery it belongs to, who may decide, and
+-- the card's event id once known. principal_id holds the card (its outbox sends it);
+-- the continuation may belong to another principal. tombstoned: a membership fence
+-- retired the card, and no answer to its event id decides anything again.
+CREATE TABLE approval_cards (
+    principal_id TEXT {C} NOT NULL,
+    approval_id TEXT {C} NOT NULL,
+    continuation_principal_id TEXT {C} NOT NULL,
+    turn_id TEXT NOT NULL,
+    room_id TEXT {C} NOT NULL,
+    thread_id TEXT NOT NULL,
+    tool_name TEXT NOT NULL,
+    arguments TEXT NOT NULL,
+    call_digest TEXT NOT NULL,
+    approvers TEXT NOT NULL,          -- JSON list of user ids
+    epoch BIGINT NOT NULL,            -- the card principal's epoch when it was opened
+    card_event_id TEXT {C},
+    tombstoned SMALLINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (principal_id, approval_id)
+);
+CREATE UNIQUE INDEX approval_cards_event
+    ON approval_cards (principal_id, room_id, card_event_id);
+CREATE INDEX approval_cards_room ON approval_cards (principal_id, room_id);
+-- From a continuation to its card, wherever the card is held.
+CREATE INDEX approval_cards_continuation
+    ON approval_cards (continuation_principal_id, approval_id);
+
+-- Reported departures by the event that reported them (a leave or ban of ours): a sync
+-- that redelivers the event fences nothing again. Written in the fence's own
+-- transaction, so no crash or cancellation falls between the advance and its record.
+CREATE TABLE journal_reported_departures (
+    principal_id TEXT {C} NOT NULL,
+    room_id TEXT {C} NOT NULL,
+    event_id TEXT {C} NOT NULL,
+    PRIMARY KEY (principal_id, room_id, event_id)
+);
+
+-- Messages of ours a turn asked reactions on (INTERACTIVE_REACTION): a reaction with
+-- one of keys becomes a turn of its own. Derived under a membership: an epoch
+-- advance drops the room's rows.
+CREATE TABLE journal_interactive (
+    principal_id TEXT {C} NOT NULL,
+    room_id TEXT {C} NOT NULL,
+    target_event_id TEXT {C} NOT NULL,
+    turn_id TEXT NOT NULL,
+    keys TEXT NOT NULL,               -- JSON list of reaction keys
+    PRIMARY KEY (principal_id, room_id, target_event_id)
+);
+"""
+
+
 def _render(template: str, *, postgres: bool) -> str:
     if postgres:
         subs = {
@@ -182,5 +258,11 @@ MIGRATIONS = (
         name="journal, projection, membership, outbox, turns",
         sqlite=_render(_V1, postgres=False),
         postgres=_render(_V1, postgres=True),
+    ),
+    Migration(
+        version=2,
+        name="approval cards and continuations, interactive reactions",
+        sqlite=_render(_V2, postgres=False),
+        postgres=_render(_V2, postgres=True),
     ),
 )

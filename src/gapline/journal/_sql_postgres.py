@@ -127,6 +127,6 @@ CLAIM_DELIVERIES_FOR_UPDATE = (
     "UPDATE journal_outbox SET attempted = 1 WHERE seq IN ("
     " SELECT seq FROM journal_outbox WHERE principal_id = ? AND acked_event_id IS NULL"
     " ORDER BY seq LIMIT ? FOR UPDATE) RETURNING seq, turn_id, delivery_id, stage, room_id,"
-    " thread_id, event_type, content, txn_id, attempted"
+    " thread_id, event_type, content, txn_id, attempted, purpose"
 )
 """Twin: ``_outbox.CLAIM_DELIVERIES`` (the same claim, without the row locks)."""

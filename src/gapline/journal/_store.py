@@ -13,7 +13,10 @@ rule it implements, which takes an open transaction and the principal id.
 - ``_projection``: hydration chunks, coverage, refetch installs (the reducer itself);
 - ``_projection_reads``: conversation pages, one message, coverage, refresh debts;
 - ``_membership``: epochs, departure fences, owed departure reports;
-- ``_outbox``: turns, enqueue, claim, acknowledge.
+- ``_outbox``: turns, enqueue, claim, acknowledge;
+- ``_approvals``: approval cards, continuations, decisions;
+- ``_relations``: what a reply or reaction relates to, interactive targets;
+- ``_recovery``: history recovery records.
 
 A new operation goes beside its rule there, with a forward here and a line in the
 narrow view (``_views.py``) of the collaborator that calls it.
@@ -21,22 +24,29 @@ narrow view (``_views.py``) of the collaborator that calls it.
 
 from __future__ import annotations
 
-import hashlib
+import time
 from collections.abc import Sequence
 from functools import partial
 
 from gapline.journal import (
     _admission,
+    _approvals,
+    _epochs,
     _membership,
     _outbox,
     _projection,
     _projection_reads,
+    _recovery,
+    _relations,
     _replay,
 )
 from gapline.journal._schema import MIGRATIONS, SCHEMA
 from gapline.journal._types import (
     AckOutcome,
     AdmitOutcome,
+    AnswerOutcome,
+    Approval,
+    ApprovalRequest,
     ChunkOutcome,
     ConsumerClaim,
     ConversationKey,
@@ -44,11 +54,13 @@ from gapline.journal._types import (
     ConversationRow,
     Coverage,
     Cursor,
+    Decision,
     Delivery,
     DeliveryRequest,
     DepartureOutcome,
     DepartureSource,
     EnqueueOutcome,
+    EventRole,
     InboundEvent,
     PendingEvent,
     RefreshDebt,
@@ -60,11 +72,6 @@ from gapline.storage import Backend
 __all__ = ["MAX_CHUNK_EVENTS", "JournalStore", "PrincipalJournal"]
 
 MAX_CHUNK_EVENTS = _projection.MAX_CHUNK_EVENTS
-
-
-def _channel(kind: str, principal_id: str) -> str:
-    # PostgreSQL channel names are identifiers of at most 63 bytes; an MXID is neither.
-    return f"gl_journal_{kind}_{hashlib.sha256(principal_id.encode()).hexdigest()[:24]}"
 
 
 def _positive(limit: int) -> int:
@@ -95,6 +102,21 @@ class JournalStore:
             raise ValueError("a principal id is required")
         return PrincipalJournal(self._backend, principal_id)
 
+    async def open_delegated_approval(
+        self, card_principal: str, continuation_principal: str, request: ApprovalRequest
+    ) -> Approval | None:
+        """Open an approval whose card ``card_principal`` posts (say, a coordinator bot)
+        for a turn of ``continuation_principal``. Each row keeps its own principal; an
+        epoch advance of either reconciles both (``_approvals.reconcile_departure``)."""
+        return await self._backend.write(
+            partial(
+                _approvals.open_approval,
+                card_p=card_principal,
+                continuation_p=continuation_principal,
+                request=request,
+            )
+        )
+
 
 class PrincipalJournal:
     """Everything one principal may do; no method takes a principal id."""
@@ -104,8 +126,8 @@ class PrincipalJournal:
     def __init__(self, backend: Backend, principal_id: str) -> None:
         self._backend = backend
         self._p = principal_id
-        self._pending_channel = _channel("pending", principal_id)
-        self._outbox_channel = _channel("outbox", principal_id)
+        self._pending_channel = _outbox.channel("pending", principal_id)
+        self._outbox_channel = _outbox.channel("outbox", principal_id)
 
     @property
     def principal_id(self) -> str:
@@ -125,13 +147,21 @@ class PrincipalJournal:
 
     async def epoch(self, room_id: str) -> int:
         """The room's current membership epoch (0 until the first departure)."""
-        return await self._backend.read(
-            partial(_membership.current_epoch, p=self._p, room_id=room_id)
-        )
+        return await self._backend.read(partial(_epochs.current_epoch, p=self._p, room_id=room_id))
 
-    async def fence_departure(self, room_id: str, *, source: DepartureSource) -> DepartureOutcome:
+    async def fence_departure(
+        self, room_id: str, *, source: DepartureSource, report_id: str | None = None
+    ) -> DepartureOutcome:
+        """Apply a departure exactly once (``_membership``); ``report_id``, the event that
+        reported it, makes a redelivered report a no-op (``ALREADY_REPORTED``)."""
         return await self._backend.write(
-            partial(_membership.fence_departure, p=self._p, room_id=room_id, source=source)
+            partial(
+                _membership.fence_departure,
+                p=self._p,
+                room_id=room_id,
+                source=source,
+                report_id=report_id,
+            )
         )
 
     async def rooms_owing_departure_reports(self, limit: int = 1000) -> tuple[str, ...]:
@@ -185,12 +215,22 @@ class PrincipalJournal:
     # -- conversation reads (_projection_reads) ---------------------------------------------
 
     async def read_conversation(
-        self, room_id: str, thread_id: str | None, limit: int, *, before: Cursor | None = None
+        self,
+        room_id: str,
+        thread_id: str | None,
+        limit: int,
+        *,
+        before: Cursor | None = None,
+        after: Cursor | None = None,
     ) -> ConversationPage:
-        """The newest ``limit`` logical messages strictly before ``before``, oldest first.
+        """The newest ``limit`` logical messages strictly before ``before`` (or, with
+        ``after``, the oldest ``limit`` strictly after it), oldest first; a thread's page
+        carries its root too.
 
         Never returns a body-cleared row: those are reported in ``owing_refresh``.
         """
+        if before is not None and after is not None:
+            raise ValueError("a page is read before a cursor or after one, not both")
         rows = await self._backend.read(
             partial(
                 _projection_reads.conversation_rows,
@@ -199,9 +239,12 @@ class PrincipalJournal:
                 thread_id=thread_id,
                 limit=_positive(limit),
                 before=before,
+                after=after,
             )
         )
-        return _projection_reads.conversation_page(rows, room_id, thread_id, limit)
+        return _projection_reads.conversation_page(
+            rows, room_id, thread_id, limit, forward=after is not None
+        )
 
     async def message(self, room_id: str, logical_event_id: str) -> ConversationRow | None:
         """One logical message, or None when absent, tombstoned or body-cleared."""
@@ -337,3 +380,91 @@ class PrincipalJournal:
         return await self._backend.write(
             partial(_outbox.acknowledge, p=self._p, delivery=delivery, event_id=event_id)
         )
+
+    async def offer_reactions(
+        self, turn_id: str, target_event_id: str, keys: Sequence[str]
+    ) -> bool:
+        """Reactions with ``keys`` on the turn's message ``target_event_id`` become turns
+        (``INTERACTIVE_REACTION``); False when the turn's membership ended."""
+        if not keys or not all(isinstance(k, str) and k for k in keys):
+            raise ValueError("reaction keys must be non-empty strings")
+        return await self._backend.write(
+            partial(
+                _relations.offer_reactions,
+                p=self._p,
+                turn_id=turn_id,
+                target_event_id=target_event_id,
+                keys=tuple(keys),
+            )
+        )
+
+    # -- relations (_relations) and history recovery records (_recovery) ----------------
+
+    async def event_role(self, room_id: str, event_id: str) -> EventRole | None:
+        return await self._backend.read(
+            partial(_relations.event_role, p=self._p, room_id=room_id, event_id=event_id)
+        )
+
+    async def record_history_gap(self, room_id: str) -> int:
+        """The room's history could not be proven continuous: its conversations are cold
+        again (their next read hydrates them). Returns how many were covered."""
+        return await self._backend.write(
+            partial(_recovery.record_history_gap, p=self._p, room_id=room_id)
+        )
+
+    # -- approvals (_approvals) -------------------------------------------------------------
+
+    async def open_approval(self, request: ApprovalRequest) -> Approval | None:
+        """Open the card and the continuation for one exact call of one of our turns, its
+        card posted by us; None (nothing written) when the turn's membership ended."""
+        return await self._backend.write(
+            partial(
+                _approvals.open_approval, card_p=self._p, continuation_p=self._p, request=request
+            )
+        )
+
+    async def approval(self, approval_id: str) -> Approval | None:
+        """The approval one of our turns waits on (wherever its card is held)."""
+        return await self._backend.read(
+            partial(_approvals.approval, p=self._p, approval_id=approval_id)
+        )
+
+    async def resolve_approval(
+        self,
+        room_id: str,
+        card_event_id: str,
+        *,
+        decision: Decision,
+        approver: str,
+        answer_event_id: str,
+        now: int | None = None,
+    ) -> AnswerOutcome:
+        """Record an answer to one of our cards; the first allowed decision wins, and the
+        answering event is settled with it (unless no card of ours has that id)."""
+        return await self._backend.write(
+            partial(
+                _approvals.resolve_approval,
+                p=self._p,
+                room_id=room_id,
+                card_event_id=card_event_id,
+                decision=decision,
+                approver=approver,
+                answer_event_id=answer_event_id,
+                now=_now_ms() if now is None else now,
+            )
+        )
+
+    async def expire_approval(self, approval_id: str, *, now: int | None = None) -> Approval | None:
+        """Decide EXPIRED if the deadline passed undecided; the approval as it stands."""
+        return await self._backend.write(
+            partial(
+                _approvals.expire_approval,
+                p=self._p,
+                approval_id=approval_id,
+                now=_now_ms() if now is None else now,
+            )
+        )
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000

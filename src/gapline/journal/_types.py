@@ -7,11 +7,19 @@ envelope or a key can never point a caller at another bot's rows.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "AckOutcome",
     "AdmitOutcome",
+    "AnswerOutcome",
+    "Approval",
+    "ApprovalAnswer",
+    "ApprovalRequest",
     "ChunkOutcome",
     "ConsumerClaim",
     "ConversationKey",
@@ -19,13 +27,17 @@ __all__ = [
     "ConversationRow",
     "Coverage",
     "Cursor",
+    "Decision",
     "Delivery",
+    "DeliveryPurpose",
     "DeliveryRequest",
     "DeliveryStage",
     "DepartureOutcome",
     "DepartureSource",
     "EnqueueOutcome",
     "EventKind",
+    "EventRole",
+    "EventRoleKind",
     "InboundEvent",
     "InvalidCursor",
     "JournalError",
@@ -33,11 +45,13 @@ __all__ = [
     "Provenance",
     "RefreshDebt",
     "Revision",
+    "ToolCall",
     "TurnNotCompleted",
     "TurnRecord",
     "TurnState",
     "UnknownEvent",
     "UnknownTurn",
+    "canonical_json",
     "decode_thread_id",
     "encode_thread_id",
 ]
@@ -100,6 +114,11 @@ class Cursor:
 
     def __str__(self) -> str:
         return f"{self.created_ts}:{self.logical_event_id}"
+
+    @classmethod
+    def start(cls) -> Cursor:
+        """Before every row: read forwards ``after`` it to begin at the oldest message."""
+        return cls(-(2**63), "")
 
     @classmethod
     def parse(cls, text: str) -> Cursor:
@@ -216,16 +235,24 @@ class RefreshDebt:
 
 @dataclass(frozen=True, slots=True)
 class ConversationPage:
-    """The newest ``limit`` logical messages before a cursor.
+    """The newest ``limit`` logical messages before a cursor (or, read forwards, the
+    oldest ``limit`` after one).
 
     ``rows`` are oldest first and never include a body-cleared row; those are in
     ``owing_refresh``. ``next_before`` is the cursor of the oldest row examined
-    (visible or owed), or None when the conversation start was reached.
+    (visible or owed), or None when the conversation start was reached; a forward
+    read sets ``next_after`` instead (None at the newest row). A thread's page also
+    carries its ``root``, the message the thread is about, over and above the limit
+    (its room row; a body-cleared root is owed like any row). ``not_ready`` says why a
+    non-strict read served the projection as it is (its hydration failed).
     """
 
     rows: tuple[ConversationRow, ...]
     owing_refresh: tuple[RefreshDebt, ...]
     next_before: Cursor | None
+    next_after: Cursor | None = None
+    root: ConversationRow | None = None
+    not_ready: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +295,7 @@ class DepartureOutcome(enum.Enum):
     ADVANCED_OWING_REPORT = "advanced_owing_report"  # LOCAL: epoch advanced, echo owed
     ADVANCED = "advanced"  # REPORTED with nothing owed: epoch advanced
     ECHO_RETIRED = "echo_retired"  # REPORTED: consumed one owed report, no advance
+    ALREADY_REPORTED = "already_reported"  # REPORTED again by the same event: nothing done
 
 
 # -- outbox and turns -----------------------------------------------------------------
@@ -276,6 +304,13 @@ class DepartureOutcome(enum.Enum):
 class DeliveryStage(enum.Enum):
     INITIAL = "initial"
     FINAL = "final"
+
+
+class DeliveryPurpose(enum.Enum):
+    """What an outbox row carries; acknowledgement records each in its own table."""
+
+    ANSWER = "answer"  # a turn's placeholder (INITIAL) and final edit (FINAL)
+    APPROVAL_CARD = "approval_card"  # an approval card (INITIAL) and its resolution (FINAL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +340,7 @@ class Delivery:
     content: bytes
     txn_id: str
     attempted: bool
+    purpose: DeliveryPurpose = DeliveryPurpose.ANSWER
 
 
 class EnqueueOutcome(enum.Enum):
@@ -337,3 +373,123 @@ class TurnRecord:
     result: bytes | None
     initial_event_id: str | None
     final_event_id: str | None
+
+
+# -- approvals and interactive reactions ----------------------------------------------
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no insignificant whitespace, UTF-8 kept: one text per JSON value."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One exact tool call a human is asked to approve.
+
+    Its identity is the name and the canonical JSON of the arguments, so asking for the
+    same call again (a turn rerun after a crash) finds the same card, and a card can
+    never be read as approving a call that differs in any argument.
+    """
+
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError("a tool call needs a name")
+        try:
+            self.canonical_arguments()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the arguments of {self.name!r} are not JSON: {exc}") from None
+
+    def canonical_arguments(self) -> str:
+        return canonical_json(dict(self.arguments))
+
+    def digest(self) -> str:
+        joined = f"{self.name}\x1f{self.canonical_arguments()}".encode()
+        return hashlib.sha256(joined).hexdigest()
+
+
+class Decision(enum.Enum):
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"  # nobody allowed answered before the deadline
+    CANCELLED = "cancelled"  # a membership fence retired the card or its turn
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """What a turn asks to open: one card for one exact call.
+
+    ``approval_id`` is derived from the turn and the call (``approval_id_for``), so a
+    rerun asking the same call at the same point opens nothing new. ``card_content``
+    is the card's Matrix content; ``expires_at`` is wall-clock milliseconds.
+    """
+
+    approval_id: str
+    turn_id: str
+    call: ToolCall
+    approvers: frozenset[str]
+    expires_at: int
+    card_content: str | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """An approval as the store holds it: the exact call, its card, its decision."""
+
+    approval_id: str
+    turn_id: str
+    room_id: str
+    thread_id: str | None
+    call: ToolCall
+    approvers: tuple[str, ...]
+    expires_at: int
+    card_event_id: str | None  # known once the card's delivery was acknowledged
+    decision: Decision | None  # None while waiting
+    decided_by: str | None
+    reason: str | None
+
+    @property
+    def approved(self) -> bool:
+        return self.decision is Decision.APPROVED
+
+
+class ApprovalAnswer(enum.Enum):
+    """What an answer to a card did."""
+
+    RECORDED = "recorded"  # this answer is the decision
+    ALREADY_DECIDED = "already_decided"  # the first decision stands; nothing changed
+    NOT_APPROVER = "not_approver"  # ignored: the sender may not decide
+    EXPIRED = "expired"  # too late: the deadline passed
+    TOMBSTONED = "tombstoned"  # the card was retired by a membership fence
+    STALE_EPOCH = "stale_epoch"  # the card belongs to an older membership
+    UNKNOWN_CARD = "unknown_card"  # no card of this principal has that event id
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerOutcome:
+    """What ``resolve_approval`` did, and the approval as it now stands (None only for
+    ``UNKNOWN_CARD``)."""
+
+    answer: ApprovalAnswer
+    approval: Approval | None
+
+
+class EventRoleKind(enum.Enum):
+    APPROVAL_CARD = "approval_card"  # an event id of one of our approval cards
+    CARD_IN_FLIGHT = "card_in_flight"  # unknown, but a card of the room awaits its id
+    INTERACTIVE = "interactive"  # a message of ours a turn asked reactions on
+
+
+@dataclass(frozen=True, slots=True)
+class EventRole:
+    """What the journal knows about an event that another event relates to."""
+
+    kind: EventRoleKind
+    approval_id: str | None = None
+    turn_id: str | None = None
+    keys: tuple[str, ...] = ()

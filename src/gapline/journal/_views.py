@@ -1,9 +1,17 @@
 """Narrow structural views of one principal's journal.
 
-Each collaborator takes the slice it calls, and ty enforces it: a hydrator holding a
-:class:`HydrationView` that reaches for ``enqueue`` fails the type check before any
-test runs. :class:`gapline.journal.PrincipalJournal` satisfies every view; none of
-these methods takes a principal id.
+Eleven views: the ten below and :class:`~gapline.journal._membership.MembershipView`,
+which lives with the fence it calls. Each collaborator takes the slice it calls, and ty
+enforces it: a hydrator holding a :class:`HydrationView` that reaches for ``enqueue``,
+or an approval collaborator reaching for the worker's ``claim``, fails the type check
+before any test runs. :class:`gapline.journal.PrincipalJournal` satisfies every view;
+none of these methods takes a principal id.
+
+Who holds what: ingress ``AdmissionView`` + ``MembershipView`` + ``RelationView`` +
+``HistoryRecoveryRecordView``; the turn runner ``ReplayView`` + ``DispatchView`` +
+``PendingTurnView`` + ``RelationView``; the hydrator and the point refetch
+``HydrationView``; reads and exports ``ConversationReadView``; the delivery worker only
+``MatrixDeliveryView``; approvals only ``ApprovalDeliveryView``.
 """
 
 from __future__ import annotations
@@ -14,6 +22,9 @@ from typing import Protocol
 from gapline.journal._types import (
     AckOutcome,
     AdmitOutcome,
+    AnswerOutcome,
+    Approval,
+    ApprovalRequest,
     ChunkOutcome,
     ConsumerClaim,
     ConversationKey,
@@ -21,11 +32,11 @@ from gapline.journal._types import (
     ConversationRow,
     Coverage,
     Cursor,
+    Decision,
     Delivery,
     DeliveryRequest,
-    DepartureOutcome,
-    DepartureSource,
     EnqueueOutcome,
+    EventRole,
     InboundEvent,
     PendingEvent,
     RefreshDebt,
@@ -35,15 +46,15 @@ from gapline.journal._types import (
 
 __all__ = [
     "AdmissionView",
+    "ApprovalDeliveryView",
     "ConversationReadView",
-    "DeliveryView",
     "DispatchView",
+    "HistoryRecoveryRecordView",
     "HydrationView",
-    "MembershipView",
-    "PendingView",
-    "RefetchView",
+    "MatrixDeliveryView",
+    "PendingTurnView",
+    "RelationView",
     "ReplayView",
-    "TurnView",
 ]
 
 
@@ -71,22 +82,55 @@ class ReplayView(Protocol):
     async def settle(self, event_id: str) -> bool: ...
 
 
-PendingView = ReplayView
-
-
 class DispatchView(Protocol):
-    """Semantic consumers (interactive reactions) claiming a pending event."""
+    """Semantic consumers (interactive reactions) claiming a pending event; a claim
+    racing a departure is refused and settles the event against the new epoch."""
 
     async def claim_consumer(self, event_id: str, consumer: str) -> ConsumerClaim: ...
 
     async def settle(self, event_id: str) -> bool: ...
 
 
+class PendingTurnView(Protocol):
+    """A turn from its source to its durable handoff: the result before the final
+    enqueue, enqueue-and-settle in one transaction, reactions the turn asks for, and the
+    room's epoch (a turn of an older one is abandoned)."""
+
+    async def epoch(self, room_id: str) -> int: ...
+
+    async def begin_turn(self, source_event_id: str) -> TurnRecord: ...
+
+    async def record_result(self, turn_id: str, result: bytes) -> TurnRecord: ...
+
+    async def turn(self, turn_id: str) -> TurnRecord | None: ...
+
+    async def enqueue(
+        self, request: DeliveryRequest, *, settle_source: bool = False
+    ) -> EnqueueOutcome: ...
+
+    async def offer_reactions(
+        self, turn_id: str, target_event_id: str, keys: Sequence[str]
+    ) -> bool: ...
+
+
+class RelationView(Protocol):
+    """What the journal knows about an event another one relates to (a reply, a
+    reaction): one of our approval cards, an interactive message, or nothing."""
+
+    async def event_role(self, room_id: str, event_id: str) -> EventRole | None: ...
+
+
 class ConversationReadView(Protocol):
     """Prompt assembly and export: bounded pages, never a body-cleared row."""
 
     async def read_conversation(
-        self, room_id: str, thread_id: str | None, limit: int, *, before: Cursor | None = None
+        self,
+        room_id: str,
+        thread_id: str | None,
+        limit: int,
+        *,
+        before: Cursor | None = None,
+        after: Cursor | None = None,
     ) -> ConversationPage: ...
 
     async def message(self, room_id: str, logical_event_id: str) -> ConversationRow | None: ...
@@ -94,8 +138,18 @@ class ConversationReadView(Protocol):
     async def coverage(self, key: ConversationKey) -> Coverage | None: ...
 
 
+class HistoryRecoveryRecordView(Protocol):
+    """Writing down that a room's history could not be proven continuous, and nothing
+    else: the writer is ingress, deciding about the sync position, and nothing it could
+    read back may steer that decision."""
+
+    async def record_history_gap(self, room_id: str) -> int: ...
+
+
 class HydrationView(Protocol):
-    """The hydrator: bounded epoch-checked chunks, then one coverage publication."""
+    """Building a conversation from the server (bounded, epoch-checked chunks, then one
+    coverage publication) and repairing one message of it (the point refetch: install
+    only while the epoch and the exact refresh token still match)."""
 
     async def epoch(self, room_id: str) -> int: ...
 
@@ -108,12 +162,6 @@ class HydrationView(Protocol):
     ) -> bool: ...
 
     async def coverage(self, key: ConversationKey) -> Coverage | None: ...
-
-
-class RefetchView(Protocol):
-    """The point refetch: install only if epoch and token still match."""
-
-    async def epoch(self, room_id: str) -> int: ...
 
     async def refresh_debt(self, room_id: str, logical_event_id: str) -> RefreshDebt | None: ...
 
@@ -128,36 +176,9 @@ class RefetchView(Protocol):
     ) -> bool: ...
 
 
-class MembershipView(Protocol):
-    """Membership fences, each departure applied exactly once across restarts."""
-
-    async def epoch(self, room_id: str) -> int: ...
-
-    async def fence_departure(
-        self, room_id: str, *, source: DepartureSource
-    ) -> DepartureOutcome: ...
-
-    async def rooms_owing_departure_reports(self, limit: int = 1000) -> tuple[str, ...]: ...
-
-    async def retire_owed_departure_reports(self, room_id: str) -> int: ...
-
-
-class TurnView(Protocol):
-    """The turn runner: durable handler result, then enqueue-and-settle."""
-
-    async def begin_turn(self, source_event_id: str) -> TurnRecord: ...
-
-    async def record_result(self, turn_id: str, result: bytes) -> TurnRecord: ...
-
-    async def turn(self, turn_id: str) -> TurnRecord | None: ...
-
-    async def enqueue(
-        self, request: DeliveryRequest, *, settle_source: bool = False
-    ) -> EnqueueOutcome: ...
-
-
-class DeliveryView(Protocol):
-    """The delivery worker accepts only this: claim before I/O, acknowledge after."""
+class MatrixDeliveryView(Protocol):
+    """The generic delivery worker accepts only this: claim before I/O, acknowledge
+    after. It delivers every row, an approval card's too, and can write nothing else."""
 
     @property
     def outbox_channel(self) -> str: ...
@@ -165,3 +186,26 @@ class DeliveryView(Protocol):
     async def claim(self, limit: int) -> tuple[Delivery, ...]: ...
 
     async def acknowledge(self, delivery: Delivery, event_id: str) -> AckOutcome: ...
+
+
+class ApprovalDeliveryView(Protocol):
+    """Approval collaborators accept only this: exact-call cards and their
+    continuations. A card's delivery is written here, never by the generic enqueue;
+    its transport (claim, send, acknowledge) is the generic worker's."""
+
+    async def open_approval(self, request: ApprovalRequest) -> Approval | None: ...
+
+    async def approval(self, approval_id: str) -> Approval | None: ...
+
+    async def resolve_approval(
+        self,
+        room_id: str,
+        card_event_id: str,
+        *,
+        decision: Decision,
+        approver: str,
+        answer_event_id: str,
+        now: int,
+    ) -> AnswerOutcome: ...
+
+    async def expire_approval(self, approval_id: str, *, now: int) -> Approval | None: ...

@@ -1,6 +1,6 @@
 """The delivery worker and the shapes of an answer on the wire.
 
-The worker holds only a :class:`DeliveryView`. Its loop delivers deterministically,
+The worker holds only a :class:`MatrixDeliveryView`. Its loop delivers deterministically,
 in order, with a crash point between each step:
 
 1. ``claim`` commits ``attempted`` before any network I/O. From here the
@@ -36,7 +36,7 @@ import msgspec
 from gapline.journal._faults import FaultPoint, fault_point
 from gapline.journal._progress import STREAM_STATUS_KEY
 from gapline.journal._types import AckOutcome, Delivery, DeliveryStage
-from gapline.journal._views import DeliveryView
+from gapline.journal._views import MatrixDeliveryView
 from gapline.matrix import Forbidden, MatrixError, MatrixHTTPError
 
 __all__ = [
@@ -113,7 +113,7 @@ class DeliveryWorker:
     covers enqueues it was not told about.
     """
 
-    view: DeliveryView
+    view: MatrixDeliveryView
     sender: DeliverySender
     on_acknowledged: AckListener | None = None
     batch: int = 32

@@ -4,7 +4,7 @@
 
     gapline bot --homeserver http://127.0.0.1:8008 --user @bot:localhost \\
         --password-file bot.password --store bot.sqlite3 --handler echo \\
-        [--allow-inviter @alice:localhost ...]
+        [--allow-inviter @alice:localhost ...] [--approver @alice:localhost ...]
 
 Logs are JSON lines on stderr. SIGTERM (or Ctrl-C) stops the bot cleanly:
 every task is cancelled, nothing committed is lost, and whatever was in
@@ -121,6 +121,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="accept invites only from this user (repeatable; default: anyone)",
     )
     parser.add_argument(
+        "--approver",
+        action="append",
+        default=[],
+        type=user_id,
+        metavar="MXID",
+        help="who may decide the approvals a handler asks for (repeatable; default: the "
+        "sender of the message being answered)",
+    )
+    parser.add_argument(
         "--sidecar-limit",
         type=positive_int,
         default=DEFAULT_SIDECAR_LIMIT,
@@ -149,6 +158,7 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
         store=args.store,
         handler=handler,
         allow_inviters=frozenset(args.allow_inviter),
+        approvers=frozenset(args.approver),
         sidecar_limit=args.sidecar_limit,
     )
     return _run(config)

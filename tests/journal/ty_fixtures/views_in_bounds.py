@@ -1,18 +1,21 @@
-"""Must PASS ty: each collaborator calls only its own slice, and the bound store fits every view."""
+"""Must PASS ty: each collaborator calls only its own slice, and the bound store fits
+every one of the eleven views."""
 
 from gapline.journal import (
     AdmissionView,
+    ApprovalDeliveryView,
+    ApprovalRequest,
     ConversationReadView,
-    DeliveryView,
     DispatchView,
+    HistoryRecoveryRecordView,
     HydrationView,
     InboundEvent,
     JournalStore,
+    MatrixDeliveryView,
     MembershipView,
-    PendingView,
-    RefetchView,
+    PendingTurnView,
+    RelationView,
     ReplayView,
-    TurnView,
 )
 
 
@@ -20,9 +23,14 @@ async def ingress(view: AdmissionView, event: InboundEvent) -> None:
     await view.admit(event, epoch=await view.epoch(event.room_id))
 
 
-async def worker(view: DeliveryView) -> None:
+async def worker(view: MatrixDeliveryView) -> None:
     for delivery in await view.claim(10):
         await view.acknowledge(delivery, "$sent")
+
+
+async def approvals(view: ApprovalDeliveryView, request: ApprovalRequest) -> None:
+    await view.open_approval(request)
+    await view.approval(request.approval_id)
 
 
 def bind(store: JournalStore) -> None:
@@ -30,13 +38,14 @@ def bind(store: JournalStore) -> None:
     views: tuple[
         AdmissionView,
         ReplayView,
-        PendingView,
         DispatchView,
+        PendingTurnView,
+        RelationView,
         ConversationReadView,
+        HistoryRecoveryRecordView,
         HydrationView,
-        RefetchView,
+        MatrixDeliveryView,
+        ApprovalDeliveryView,
         MembershipView,
-        TurnView,
-        DeliveryView,
-    ] = (bot, bot, bot, bot, bot, bot, bot, bot, bot, bot)
+    ] = (bot, bot, bot, bot, bot, bot, bot, bot, bot, bot, bot)
     del views

@@ -1,8 +1,8 @@
-"""Must FAIL ty: the delivery worker accepts only a DeliveryView and cannot admit or settle."""
+"""Must FAIL ty: the delivery worker accepts only a MatrixDeliveryView and cannot admit or settle."""
 
-from gapline.journal import DeliveryView, InboundEvent
+from gapline.journal import InboundEvent, MatrixDeliveryView
 
 
-async def work(view: DeliveryView, event: InboundEvent) -> None:
+async def work(view: MatrixDeliveryView, event: InboundEvent) -> None:
     await view.admit(event, epoch=0)
     await view.settle(event.event_id)
