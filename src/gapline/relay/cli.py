@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import signal
 import sys
 import time
@@ -17,7 +18,22 @@ from gapline.relay._config import DEFAULT_NETWORK_CONTEXT
 
 __all__ = ["configure", "run"]
 
-_LOG_FIELDS = ("method", "url", "relay_id", "records", "visibility", "sends", "channel", "dsn")
+_LOG_FIELDS = (
+    "method",
+    "url",
+    "relay_id",
+    "records",
+    "visibility",
+    "sends",
+    "channel",
+    "dsn",
+    "remote",
+    "transport",
+    "error_id",
+    "reason",
+    "timeout",
+    "max_connections",
+)
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -47,9 +63,19 @@ def _listen(value: str) -> tuple[str, int]:
 
 
 def _positive(value: str) -> int:
-    if not value.isdigit() or int(value) <= 0:
+    if not (value.isascii() and value.isdigit()) or len(value) > 15 or int(value) <= 0:
         raise argparse.ArgumentTypeError("expected a positive whole number")
     return int(value)
+
+
+def _positive_number(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (0 < number < 10**9):
+        raise argparse.ArgumentTypeError("expected a positive number")
+    return number
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -124,13 +150,104 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--rate",
-        type=float,
+        type=_positive_number,
         default=500.0,
         metavar="PER_SECOND",
-        help="per-session request rate (token bucket refill); excess gets rate_limited + Retry-After",
+        help="request rate per verified session, and per address for calls without one "
+        "(token bucket refill); excess gets rate_limited + Retry-After",
     )
     serve.add_argument(
-        "--burst", type=_positive, default=1000, help="per-session token bucket size"
+        "--burst", type=_positive, default=1000, help="per-session and per-address bucket size"
+    )
+    serve.add_argument(
+        "--account-rate",
+        type=_positive_number,
+        default=1000.0,
+        metavar="PER_SECOND",
+        help="request rate per account, over all its verified sessions",
+    )
+    serve.add_argument(
+        "--account-burst", type=_positive, default=2000, help="per-account bucket size"
+    )
+    serve.add_argument(
+        "--unauthenticated-rate",
+        type=_positive_number,
+        default=2000.0,
+        metavar="PER_SECOND",
+        help="request rate of all calls without a verified session together, every address",
+    )
+    serve.add_argument(
+        "--unauthenticated-burst",
+        type=_positive,
+        default=4000,
+        help="bucket size shared by all calls without a verified session",
+    )
+    serve.add_argument(
+        "--challenges-per-address",
+        type=_positive,
+        default=256,
+        help="outstanding auth.challenge nonces one address may hold",
+    )
+    serve.add_argument(
+        "--challenges-per-account",
+        type=_positive,
+        default=32,
+        help="outstanding auth.challenge nonces one account may hold",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_positive,
+        default=4096,
+        help="open connections in total (HTTP and WebSocket); more are refused with 503",
+    )
+    serve.add_argument(
+        "--max-connections-per-address",
+        type=_positive,
+        default=256,
+        help="open connections per client address (IPv6: per /64); more are refused with 429",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=_positive_number,
+        default=10.0,
+        metavar="SECONDS",
+        help="time to send a whole request head, from connecting or from the first byte of "
+        "the next request on a kept-alive connection",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=_positive_number,
+        default=30.0,
+        metavar="SECONDS",
+        help="time to send a whole request body",
+    )
+    serve.add_argument(
+        "--idle-timeout",
+        type=_positive_number,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long a kept-alive HTTP connection may wait for its next request",
+    )
+    serve.add_argument(
+        "--handshake-timeout",
+        type=_positive_number,
+        default=10.0,
+        metavar="SECONDS",
+        help="time for the TLS handshake, and for writing the WebSocket upgrade",
+    )
+    serve.add_argument(
+        "--ws-auth-timeout",
+        type=_positive_number,
+        default=30.0,
+        metavar="SECONDS",
+        help="a WebSocket without an authenticated session for this long is closed (1008)",
+    )
+    serve.add_argument(
+        "--ws-heartbeat",
+        type=_positive_number,
+        default=30.0,
+        metavar="SECONDS",
+        help="WebSocket ping interval; a connection whose pong is missing is closed",
     )
     serve.add_argument(
         "--ws-queue",
@@ -140,7 +257,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--cleanup-interval",
-        type=float,
+        type=_positive_number,
         default=30.0,
         metavar="SECONDS",
         help="how often the retention cleanup job runs",
@@ -164,7 +281,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--shutdown-timeout",
-        type=float,
+        type=_positive_number,
         default=10.0,
         metavar="SECONDS",
         help="how long shutdown waits for in-flight requests",
@@ -183,12 +300,13 @@ async def run(args: argparse.Namespace) -> int:
     from gapline.relay._server import RelayServer
     from gapline.storage import StorageError
 
+    # Every logger, aiohttp's and asyncio's included, writes JSON lines: a library's
+    # record must not fall through to Python's plain-text last-resort handler.
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLogFormatter())
-    root = logging.getLogger("gapline")
+    root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(args.log_level.upper())
-    root.propagate = False
     log = logging.getLogger("gapline.relay")
 
     try:
@@ -215,6 +333,20 @@ async def run(args: argparse.Namespace) -> int:
         max_request_bytes=args.max_request_bytes,
         rate_per_second=args.rate,
         rate_burst=args.burst,
+        account_rate_per_second=args.account_rate,
+        account_burst=args.account_burst,
+        unauthenticated_rate_per_second=args.unauthenticated_rate,
+        unauthenticated_burst=args.unauthenticated_burst,
+        challenges_per_address=args.challenges_per_address,
+        challenges_per_account=args.challenges_per_account,
+        max_connections=args.max_connections,
+        max_connections_per_address=args.max_connections_per_address,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        idle_timeout=args.idle_timeout,
+        handshake_timeout=args.handshake_timeout,
+        ws_auth_timeout=args.ws_auth_timeout,
+        ws_heartbeat=args.ws_heartbeat,
         ws_queue=args.ws_queue,
         cleanup_interval=args.cleanup_interval,
         clock_skew=args.clock_skew,
