@@ -160,10 +160,15 @@ def _opt_str(value: Json, where: str) -> str | None:
     return None if value is None else _str(value, where)
 
 
+_MAX_INT = 2**53 - 1  # what every JSON reader represents exactly
+
+
 def _int(value: Json, where: str) -> int:
     # bool is an int subclass in Python; true is not a number on the wire.
     if isinstance(value, bool) or not isinstance(value, int):
         raise WireError(f"{where}: expected an integer, got {_describe(value)}")
+    if not -_MAX_INT <= value <= _MAX_INT:
+        raise WireError(f"{where}: outside -(2^53-1)..2^53-1, got {_describe(value)}")
     return value
 
 
