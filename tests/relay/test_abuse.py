@@ -16,6 +16,7 @@ import pytest
 import websockets
 
 from gapline.meshline.testing import make_account
+from gapline.relay._ratelimit import Admission
 from tests.relay.harness import RelayUnderTest, WsClient, start_relay
 from tests.relay.logcapture import capture_logs
 
@@ -117,6 +118,7 @@ async def test_random_session_headers_buy_no_buckets(sqlite_dsn: str) -> None:
     async with start_relay(sqlite_dsn, rate_per_second=1.0, rate_burst=20) as r:
         for limiter in (r.server.admission.addresses, r.server.admission.sessions):
             limiter._clock = lambda: frozen
+        r.server.admission.TARPIT_SECONDS = 0.0  # type: ignore[misc]  # answer refusals at once
         account = make_account().account
         codes = []
         for _ in range(150):
@@ -448,3 +450,14 @@ async def test_the_process_logs_only_json_lines_under_abuse(tmp_path: Any) -> No
     records = [json.loads(line) for line in lines]  # every line parses
     assert not [r for r in records if "exc" in r or r["level"] in ("error", "critical")], lines
     assert sum(r["msg"] == "client disconnected mid-body" for r in records) == 3
+
+
+async def test_a_flood_that_ignores_retry_after_is_held(sqlite_dsn: str) -> None:
+    async with start_relay(sqlite_dsn, rate_per_second=1.0, rate_burst=1) as r:
+        admission = r.server.admission
+        admission.addresses._clock = admission.refusals._clock = lambda: 0.0
+        admission.TARPIT_SECONDS = 0.01  # type: ignore[misc]
+        codes = [(await r.call("relay.info")).status_code for _ in range(30)]
+        assert codes == [200] + [429] * 29
+        held = await _metric(r, "meshline_relay_refusals_held_total")
+        assert held == 29 - Admission.REFUSALS[1]

@@ -135,3 +135,21 @@ def test_config_refuses_nonpositive_limits() -> None:
         settings: dict[str, Any] = {name: 0}
         with pytest.raises(ValueError, match=name):
             RelayConfig(dsn="x", retention=1, **settings)
+
+
+def test_refusals_are_held_only_for_callers_that_ignore_retry_after() -> None:
+    now = [0.0]
+    gate = Admission(
+        session=(1.0, 1),
+        account=(1.0, 1),
+        address=(1.0, 1),
+        unauthenticated=(1.0, 1),
+        clock=lambda: now[0],
+    )
+    rate, burst = Admission.REFUSALS
+    assert [gate.hold("flooder", 5) for _ in range(burst)] == [0.0] * burst
+    assert gate.hold("flooder", 5) == Admission.TARPIT_SECONDS
+    assert gate.hold("flooder", 1) == 1.0  # never longer than the wait it announces
+    assert gate.hold("patient", 5) == 0.0  # per caller
+    now[0] += burst / rate
+    assert gate.hold("flooder", 5) == 0.0  # and forgiven once it slows down

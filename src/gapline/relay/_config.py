@@ -47,8 +47,8 @@ class RelayConfig:
     rate_burst: int = 1000
     account_rate_per_second: float = 1000.0
     account_burst: int = 2000
-    unauthenticated_rate_per_second: float = 2000.0
-    unauthenticated_burst: int = 4000
+    unauthenticated_rate_per_second: float = 1000.0
+    unauthenticated_burst: int = 2000
     # Outstanding auth.challenge nonces (issued, neither used nor expired) per address
     # and per account; each one is a database row until it is used or expires.
     challenges_per_address: int = 256

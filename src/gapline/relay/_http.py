@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -26,7 +26,7 @@ from gapline.relay._rpc import invoke, unexpected
 if TYPE_CHECKING:
     from gapline.relay._server import RelayServer
 
-__all__ = ["SESSION_HEADER", "failure_response", "http_handler"]
+__all__ = ["SESSION_HEADER", "failure_response", "http_handler", "refuse"]
 
 log = logging.getLogger("gapline.relay")
 
@@ -95,6 +95,16 @@ async def _body_params(request: web.Request, limit: int, seconds: float) -> dict
     return value
 
 
+async def refuse(server: RelayServer, payer: str, wait: int) -> NoReturn:
+    """``rate_limited``, held first when ``payer`` keeps ignoring Retry-After."""
+    server.metrics.rate_limited.inc()
+    delay = server.admission.hold(payer, wait)
+    if delay:
+        server.metrics.refusals_held.inc()
+        await asyncio.sleep(delay)
+    raise RelayFailure("rate_limited", "too many requests", {"retry_after": wait})
+
+
 def http_handler(server: RelayServer):
     relay = server.relay
     config = server.config
@@ -123,12 +133,13 @@ def http_handler(server: RelayServer):
             session = server.cached_session(digest) if digest is not None else None
             if session is not None:
                 assert digest is not None
+                payer = digest
                 wait = admission.charge_verified(digest, session.account)
             else:
+                payer = address
                 wait = admission.charge_unverified(address)
             if wait:
-                metrics.rate_limited.inc()
-                raise RelayFailure("rate_limited", "too many requests", {"retry_after": wait})
+                await refuse(server, payer, wait)
             if verb == "GET":
                 params = query_params(request.query, method.query)
             else:
@@ -144,10 +155,7 @@ def http_handler(server: RelayServer):
                         raise RelayFailure("unauthorized", "session absent, expired or revoked")
                     wait = admission.charge_verified(digest, session.account)
                     if wait:
-                        metrics.rate_limited.inc()
-                        raise RelayFailure(
-                            "rate_limited", "too many requests", {"retry_after": wait}
-                        )
+                        await refuse(server, digest, wait)
                 call.session = session
             result = await invoke(
                 method,

@@ -59,6 +59,11 @@ class RelayMetrics:
             "Calls refused by the rate limiter.",
             registry=self.registry,
         )
+        self.refusals_held = Counter(
+            "meshline_relay_refusals_held",
+            "rate_limited answers held back because the caller kept ignoring Retry-After.",
+            registry=self.registry,
+        )
         self.internal_errors = Counter(
             "meshline_relay_internal_errors",
             "Unexpected exceptions answered internal_error, by transport.",

@@ -74,7 +74,17 @@ class Admission:
     caps what every address together can make the relay do. A refused first bucket
     leaves the second untouched, so one flooding address does not drain the shared
     bucket for everyone else.
+
+    A refusal still costs the relay a parse and an answer. A caller that heeds
+    ``Retry-After`` collects a refusal now and then; one that does not collects more
+    than ``REFUSALS`` a second, and each further refusal is held up to
+    ``TARPIT_SECONDS`` before it is answered (:meth:`hold`). Over HTTP/1.1 that
+    connection then sends nothing else meanwhile, so a flood costs the relay a few
+    answers per connection and second instead of as many as it can parse.
     """
+
+    REFUSALS = (5.0, 10)  # refusals per second (rate, burst) before they are held
+    TARPIT_SECONDS = 2.0
 
     def __init__(
         self,
@@ -89,6 +99,7 @@ class Admission:
         self.accounts = RateLimiter(*account, clock=clock)
         self.addresses = RateLimiter(*address, clock=clock)
         self.unauthenticated = RateLimiter(*unauthenticated, clock=clock, max_keys=1)
+        self.refusals = RateLimiter(*self.REFUSALS, clock=clock)
 
     def charge_verified(self, token_hash: str, account: str) -> int:
         """0, or the seconds to wait, for a call made with a verified session."""
@@ -97,6 +108,13 @@ class Admission:
     def charge_unverified(self, address: str) -> int:
         """0, or the seconds to wait, for a call without a verified session."""
         return self.addresses.take(address) or self.unauthenticated.take(UNAUTHENTICATED)
+
+    def hold(self, key: str, wait: int) -> float:
+        """Seconds to hold a refusal of ``key`` (the address or session charged) before
+        answering it: 0 while the caller collects refusals slower than ``REFUSALS``."""
+        if not self.refusals.take(key):
+            return 0.0
+        return min(float(wait), self.TARPIT_SECONDS)
 
 
 @dataclass(slots=True)

@@ -36,7 +36,7 @@ from gapline.relay._errors import (
     RelayFailure,
     jsonrpc_code,
 )
-from gapline.relay._http import failure_response
+from gapline.relay._http import failure_response, refuse
 from gapline.relay._methods import Call, SessionMode
 from gapline.relay._rpc import invoke, unexpected
 from gapline.relay._store import Session
@@ -246,12 +246,13 @@ class WsConnection:
         try:
             session = self.valid_session()
             if session is not None and self.token_hash is not None:
+                payer = self.token_hash
                 wait = server.admission.charge_verified(self.token_hash, session.account)
             else:
+                payer = self.remote
                 wait = server.admission.charge_unverified(self.remote)
             if wait:
-                server.metrics.rate_limited.inc()
-                raise RelayFailure("rate_limited", "too many requests", {"retry_after": wait})
+                await refuse(server, payer, wait)
             if method.session is not SessionMode.NONE:
                 if session is None or self.token_hash is None:
                     raise RelayFailure("unauthorized", "authenticate this connection first")

@@ -172,14 +172,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--unauthenticated-rate",
         type=_positive_number,
-        default=2000.0,
+        default=1000.0,
         metavar="PER_SECOND",
         help="request rate of all calls without a verified session together, every address",
     )
     serve.add_argument(
         "--unauthenticated-burst",
         type=_positive,
-        default=4000,
+        default=2000,
         help="bucket size shared by all calls without a verified session",
     )
     serve.add_argument(
