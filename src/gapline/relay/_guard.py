@@ -42,7 +42,14 @@ from gapline.relay._http import failure_response
 from gapline.relay._metrics import RelayMetrics
 from gapline.relay._rpc import unexpected
 
-__all__ = ["ConnectionGuard", "GuardedSite", "RelayProtocol", "guard_middleware"]
+__all__ = [
+    "ConnectionGuard",
+    "GuardedSite",
+    "RelayProtocol",
+    "expect_continue",
+    "guard_middleware",
+    "no_such_path",
+]
 
 log = logging.getLogger("gapline.relay")
 
@@ -252,6 +259,22 @@ def guard_middleware(metrics: RelayMetrics) -> Callable[..., Awaitable[web.Strea
                 protocol.request_finished()
 
     return middleware
+
+
+async def expect_continue(request: web.Request) -> None:
+    """``Expect: 100-continue`` is answered as usual; any other expectation is ignored.
+
+    aiohttp's own handler raises 417 for those, outside the middleware (text/plain,
+    and a header value it cannot encode back made it a 500).
+    """
+    if request.version == (1, 1) and request.headers.get("Expect", "").lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0
+
+
+async def no_such_path(request: web.Request) -> web.StreamResponse:
+    """Everything outside the relay's paths, so that too gets a RelayError body."""
+    return failure_response(RelayFailure("not_found", "no such path"))
 
 
 def _http_failure(exc: web.HTTPException) -> RelayFailure:

@@ -48,8 +48,10 @@ class _BodyTimeout(Exception):
 def _json_response(
     body: Any, status: int = 200, headers: dict[str, str] | None = None
 ) -> web.Response:
+    # "replace": a message may quote client input holding a lone surrogate (a header
+    # byte aiohttp decoded with surrogateescape); the answer must still be UTF-8.
     return web.Response(
-        body=json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(),
+        body=json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "replace"),
         status=status,
         content_type="application/json",
         headers=headers,

@@ -30,7 +30,9 @@ from gapline.relay._guard import (
     ConnectionGuard,
     GuardedSite,
     RelayProtocol,
+    expect_continue,
     guard_middleware,
+    no_such_path,
 )
 from gapline.relay._http import http_handler
 from gapline.relay._methods import Relay
@@ -237,10 +239,12 @@ class RelayServer:
             client_max_size=self.config.max_request_bytes,
             middlewares=[guard_middleware(self.metrics)],
         )
-        app.router.add_route("GET", base, ws_handler(self))
-        app.router.add_route("*", base + "/{path:.+}", http_handler(self))
-        app.router.add_route("GET", "/metrics", self._metrics_handler)
-        app.router.add_route("GET", "/health", self._health_handler)
+        expect = expect_continue
+        app.router.add_route("GET", base, ws_handler(self), expect_handler=expect)
+        app.router.add_route("*", base + "/{path:.+}", http_handler(self), expect_handler=expect)
+        app.router.add_route("GET", "/metrics", self._metrics_handler, expect_handler=expect)
+        app.router.add_route("GET", "/health", self._health_handler, expect_handler=expect)
+        app.router.add_route("*", "/{tail:.*}", no_such_path, expect_handler=expect)
         return app
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:
