@@ -470,3 +470,31 @@ async def test_a_flood_that_ignores_retry_after_is_held(sqlite_dsn: str) -> None
         assert codes == [200] + [429] * 29
         held = await _metric(r, "meshline_relay_refusals_held_total")
         assert held == 29 - Admission.REFUSALS[1]
+
+
+async def test_failed_unverified_calls_cost_their_address_more(sqlite_dsn: str) -> None:
+    async with start_relay(sqlite_dsn, rate_per_second=1.0, rate_burst=50) as r:
+        admission = r.server.admission
+        admission.addresses._clock = admission.unauthenticated._clock = lambda: 0.0
+        cost = Admission.FAILED_CALL_COST
+        codes = [
+            (await r.call("auth.challenge", {"account": "not an account"})).status_code
+            for _ in range(50 // cost + 1)
+        ]
+        assert codes == [400] * (50 // cost) + [429]
+        # The shared bucket paid one call per request, not ten.
+        shared = admission.unauthenticated._buckets["*"][0]
+        assert shared == r.server.config.unauthenticated_burst - 50 // cost
+
+
+async def test_every_websocket_frame_is_charged_even_garbage(sqlite_dsn: str) -> None:
+    async with start_relay(sqlite_dsn, rate_per_second=1.0, rate_burst=3) as r:
+        r.server.admission.addresses._clock = lambda: 0.0
+        r.server.admission.TARPIT_SECONDS = 0.0  # type: ignore[misc]
+        async with websockets.connect(r.ws_url) as ws:
+            await ws.send("{garbage")
+            assert json.loads(await ws.recv())["error"]["code"] == -32700
+            # ... and cost ten: the next frame, however valid, is refused.
+            await ws.send('{"jsonrpc":"2.0","id":1,"method":"relay.info"}')
+            answer = json.loads(await ws.recv())
+            assert answer["error"]["code"] == -32030 and answer["id"] == 1

@@ -17,7 +17,7 @@ from gapline.relay._bounds import (
     session_token,
 )
 from gapline.relay._errors import RelayFailure
-from gapline.relay._ratelimit import Admission, ChallengeQuota
+from gapline.relay._ratelimit import Admission, ChallengeQuota, RateLimiter
 
 FIELDS = {"after": "int", "limit": "int", "account": "str"}
 
@@ -153,3 +153,12 @@ def test_refusals_are_held_only_for_callers_that_ignore_retry_after() -> None:
     assert gate.hold("patient", 5) == 0.0  # per caller
     now[0] += burst / rate
     assert gate.hold("flooder", 5) == 0.0  # and forgiven once it slows down
+
+
+def test_a_debit_goes_into_bounded_debt() -> None:
+    now = [0.0]
+    limiter = RateLimiter(rate=1.0, burst=4, clock=lambda: now[0])
+    limiter.debit("k", 100)
+    assert limiter.take("k") == 5  # from -4 back to 1 token at 1/s
+    now[0] += 5
+    assert limiter.take("k") == 0

@@ -128,6 +128,7 @@ def http_handler(server: RelayServer):
             )
         address = address_key(request.remote)
         admission = server.admission
+        session = None
         try:
             token = session_token(request.headers.get(SESSION_HEADER))
             digest = token_hash(token) if token is not None else None
@@ -169,6 +170,8 @@ def http_handler(server: RelayServer):
                 address=address,
             )
         except RelayFailure as exc:
+            if session is None and exc.code != "rate_limited":
+                admission.failed_unverified(address)
             return failure_response(exc)
         except _ClientGone as exc:
             metrics.client_disconnects.inc()
@@ -176,11 +179,13 @@ def http_handler(server: RelayServer):
                 "client disconnected mid-body",
                 extra={"remote": address, "method": name, "reason": str(exc)},
             )
+            admission.failed_unverified(address)
             response = failure_response(RelayFailure("bad_request", "request body incomplete"))
             response.force_close()
             return response
         except _BodyTimeout as exc:
             metrics.timeouts.labels("body").inc()
+            admission.failed_unverified(address)
             log.debug(
                 "request body not received in time; closing",
                 extra={"remote": address, "method": name, "timeout": exc.timeout},

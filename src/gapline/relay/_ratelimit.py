@@ -43,6 +43,13 @@ class RateLimiter:
         self._store(key, tokens, now)
         return max(1, math.ceil((1.0 - tokens) / self.rate))
 
+    def debit(self, key: str, cost: float) -> None:
+        """Take ``cost`` tokens whatever is left, into debt down to ``-burst``."""
+        now = self._clock()
+        tokens, last = self._buckets.get(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - last) * self.rate)
+        self._store(key, max(-self.burst, tokens - cost), now)
+
     def _store(self, key: str, tokens: float, now: float) -> None:
         if key not in self._buckets and len(self._buckets) >= self._max_keys:
             # Full buckets carry no state worth keeping; drop them first, then the oldest half.
@@ -81,10 +88,17 @@ class Admission:
     ``TARPIT_SECONDS`` before it is answered (:meth:`hold`). Over HTTP/1.1 that
     connection then sends nothing else meanwhile, so a flood costs the relay a few
     answers per connection and second instead of as many as it can parse.
+
+    A call without a verified session that fails (anything but ``rate_limited``)
+    costs its address ``FAILED_CALL_COST`` calls in all: an honest client rarely
+    fails, a flood of invalid requests runs through its address's budget ten times
+    as fast. The shared bucket is not charged more, so failures cannot be used to
+    drain it for everyone.
     """
 
     REFUSALS = (5.0, 10)  # refusals per second (rate, burst) before they are held
     TARPIT_SECONDS = 2.0
+    FAILED_CALL_COST = 10
 
     def __init__(
         self,
@@ -108,6 +122,10 @@ class Admission:
     def charge_unverified(self, address: str) -> int:
         """0, or the seconds to wait, for a call without a verified session."""
         return self.addresses.take(address) or self.unauthenticated.take(UNAUTHENTICATED)
+
+    def failed_unverified(self, address: str) -> None:
+        """An unverified call of ``address`` failed: charge the rest of its cost."""
+        self.addresses.debit(address, self.FAILED_CALL_COST - 1)
 
     def hold(self, key: str, wait: int) -> float:
         """Seconds to hold a refusal of ``key`` (the address or session charged) before

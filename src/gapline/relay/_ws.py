@@ -189,36 +189,28 @@ class WsConnection:
             )
 
     async def _handle_text(self, text: str) -> None:
-        try:
-            msg = parse_json(text)
-        except MeshlineError as exc:
-            await self.answer(_error(None, JSONRPC_PARSE_ERROR, f"parse error: {exc.message}"))
+        server = self.server
+        admission = server.admission
+        # Every frame is charged, garbage included: to the bound session, else the address.
+        session = self.valid_session()
+        token = self.token_hash
+        if session is not None and token is not None:
+            payer, wait = token, admission.charge_verified(token, session.account)
+        else:
+            session = None
+            payer, wait = self.remote, admission.charge_unverified(self.remote)
+        id_, msg, problem = _check_frame(text)
+        if wait:
+            try:
+                await refuse(server, payer, wait)
+            except RelayFailure as exc:
+                await self.answer(_error(id_, jsonrpc_code(exc.code), exc.message, exc.data))
             return
-        try:
-            check_items(msg, text, "the frame")
-        except RelayFailure as exc:
-            await self.answer(_error(None, JSONRPC_INVALID_REQUEST, exc.message))
-            return
-        if not isinstance(msg, dict):
-            await self.answer(
-                _error(None, JSONRPC_INVALID_REQUEST, "a request is one JSON object; no batches")
-            )
-            return
-        raw_id = msg.get("id")
-        if "id" not in msg or not _valid_id(raw_id):
-            await self.answer(
-                _error(
-                    None,
-                    JSONRPC_INVALID_REQUEST,
-                    "id: a string of at most 128 bytes or a safe integer is required",
-                )
-            )
-            return
-        id_ = raw_id
-        if msg.get("jsonrpc") != "2.0" or not isinstance(msg.get("method"), str):
-            await self.answer(
-                _error(id_, JSONRPC_INVALID_REQUEST, 'jsonrpc must be "2.0" and method a string')
-            )
+        if msg is None:
+            if session is None:
+                admission.failed_unverified(self.remote)
+            code, message = problem or (JSONRPC_INVALID_REQUEST, "invalid request")
+            await self.answer(_error(id_, code, message))
             return
         key = (type(id_).__name__, id_)
         if key in self._outstanding:
@@ -228,31 +220,22 @@ class WsConnection:
             return
         self._outstanding.add(key)
         try:
-            await self._dispatch(id_, msg["method"], msg)
+            await self._dispatch(id_, msg["method"], msg, session)
         finally:
             self._outstanding.discard(key)
 
-    async def _dispatch(self, id_: Any, name: str, msg: dict[str, Any]) -> None:
+    async def _dispatch(
+        self, id_: Any, name: str, msg: dict[str, Any], session: Session | None
+    ) -> None:
         server = self.server
         method = server.relay.methods.get(name)
-        if method is None:
-            await self.answer(_error(id_, JSONRPC_METHOD_NOT_FOUND, f"no method {name!r}"))
-            return
         params = msg.get("params", {})
-        if not isinstance(params, dict):
-            await self.answer(_error(id_, JSONRPC_INVALID_PARAMS, "params must be an object"))
-            return
         call = Call(connection=self)
         try:
-            session = self.valid_session()
-            if session is not None and self.token_hash is not None:
-                payer = self.token_hash
-                wait = server.admission.charge_verified(self.token_hash, session.account)
-            else:
-                payer = self.remote
-                wait = server.admission.charge_unverified(self.remote)
-            if wait:
-                await refuse(server, payer, wait)
+            if method is None:
+                raise _ProtocolError(JSONRPC_METHOD_NOT_FOUND, f"no method {name[:100]!r}")
+            if not isinstance(params, dict):
+                raise _ProtocolError(JSONRPC_INVALID_PARAMS, "params must be an object")
             if method.session is not SessionMode.NONE:
                 if session is None or self.token_hash is None:
                     raise RelayFailure("unauthorized", "authenticate this connection first")
@@ -270,8 +253,13 @@ class WsConnection:
                 quota=server.challenges,
                 address=self.remote,
             )
-        except RelayFailure as exc:
-            await self.answer(_error(id_, jsonrpc_code(exc.code), exc.message, exc.data))
+        except (RelayFailure, _ProtocolError) as exc:
+            if session is None and getattr(exc, "code", None) != "rate_limited":
+                server.admission.failed_unverified(self.remote)
+            if isinstance(exc, _ProtocolError):
+                await self.answer(_error(id_, exc.rpc_code, exc.message))
+            else:
+                await self.answer(_error(id_, jsonrpc_code(exc.code), exc.message, exc.data))
             return
         except Exception:  # noqa: BLE001 - logged with an error id by unexpected()
             failure = unexpected(server.metrics, "ws", name)
@@ -284,6 +272,42 @@ class WsConnection:
             # Timeline notifications start after the first successful device verification,
             # and only after its response is queued.
             self.notify_enabled = True
+
+
+class _ProtocolError(Exception):
+    """A JSON-RPC protocol error (unknown method, params not an object)."""
+
+    def __init__(self, rpc_code: int, message: str) -> None:
+        super().__init__(message)
+        self.rpc_code = rpc_code
+        self.message = message
+
+
+def _check_frame(text: str) -> tuple[Any, dict[str, Any] | None, tuple[int, str] | None]:
+    """(id to answer with, the request object, or the protocol error to answer)."""
+    try:
+        msg = parse_json(text)
+    except MeshlineError as exc:
+        return None, None, (JSONRPC_PARSE_ERROR, f"parse error: {exc.message}")
+    try:
+        check_items(msg, text, "the frame")
+    except RelayFailure as exc:
+        return None, None, (JSONRPC_INVALID_REQUEST, exc.message)
+    if not isinstance(msg, dict):
+        return None, None, (JSONRPC_INVALID_REQUEST, "a request is one JSON object; no batches")
+    raw_id = msg.get("id")
+    if "id" not in msg or not _valid_id(raw_id):
+        return (
+            None,
+            None,
+            (
+                JSONRPC_INVALID_REQUEST,
+                "id: a string of at most 128 bytes or a safe integer is required",
+            ),
+        )
+    if msg.get("jsonrpc") != "2.0" or not isinstance(msg.get("method"), str):
+        return raw_id, None, (JSONRPC_INVALID_REQUEST, 'jsonrpc must be "2.0" and method a string')
+    return raw_id, msg, None
 
 
 def _only_disconnects(exc: BaseException) -> bool:
