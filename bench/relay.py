@@ -30,7 +30,10 @@ connections (``route_lookup.resolve_over_info``; target at least 0.7).
 Synapse: the matrix fixture's Synapse (in-memory SQLite, rate limits off), ``--clients``
 users in one room each sending ``m.room.message`` as fast as Synapse answers.
 
+Abuse (``abuse`` key): see "the relay under abuse" below.
+
     python bench/relay.py [--quick] [--seconds S] [--clients N] [--no-postgres] [--no-synapse]
+        [--no-abuse] [--abuse-seconds S] [--slow-clients N]
 """
 
 from __future__ import annotations
@@ -53,14 +56,8 @@ import aiohttp
 from gapline.meshline import issue_grant, sign_route
 from gapline.meshline.testing import TEST_CONTEXT, make_account, make_send_params
 from gapline.relay.devserver import RelayProcess
-from relay_clients import RawSender, Relay, log
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process (all its threads) from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from relay_abuse import run_abuse
+from relay_clients import RawSender, Relay, cpu_seconds, log
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -196,7 +193,7 @@ async def run_relay_scenario(
                     await asyncio.sleep(probe_interval)
 
         pids = [p.proc.pid for p in procs]
-        relay_cpu0 = sum(_cpu_seconds(pid) for pid in pids)
+        relay_cpu0 = sum(cpu_seconds(pid) for pid in pids)
         client_cpu0 = time.process_time()
         start = time.perf_counter()
         stop_at = start + seconds
@@ -208,7 +205,7 @@ async def run_relay_scenario(
         exhausted = 0.0 < last_send_at < stop_at
         if exhausted:  # the probe ran on alone after the senders' last answer
             elapsed = last_send_at - start
-        relay_cpu = sum(_cpu_seconds(pid) for pid in pids) - relay_cpu0
+        relay_cpu = sum(cpu_seconds(pid) for pid in pids) - relay_cpu0
         client_cpu = time.process_time() - client_cpu0
         return {
             "transport": transport,
@@ -444,9 +441,13 @@ async def main() -> None:
     parser.add_argument("--probe-interval", type=float, default=0.05)
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--no-synapse", action="store_true")
+    parser.add_argument("--no-abuse", action="store_true", help="skip the abuse figures")
+    parser.add_argument("--abuse-seconds", type=float, default=5.0)
+    parser.add_argument("--slow-clients", type=int, default=500)
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.clients = 1.0, 4
+        args.abuse_seconds, args.slow_clients = 1.0, 40
     common = [
         "--network-context",
         str(TEST_CONTEXT),
@@ -529,6 +530,8 @@ async def main() -> None:
                     result[f"{name}_websocket_vs_synapse"] = round(
                         result[name]["websocket"]["sends_per_second"] / syn, 1
                     )
+    if not args.no_abuse:
+        result["abuse"] = await run_abuse(args)
     result["targets"] = {
         "sqlite_sends_per_second": 2000,
         "times_synapse": 20,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 import urllib.parse
@@ -90,6 +91,13 @@ class RawSender:
         body = await self.call(request)
         if json.loads(body).get("status") != "target_accepted":
             raise RuntimeError(f"message.send: unexpected result {body!r}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (all its threads) from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def log(message: str) -> None:

@@ -272,3 +272,34 @@ def test_export_reads_only_and_fails_in_one_line(
         main(["journal", "export", "--store", str(store), "--principal", BOT, "--room", ROOM,
               "--format", "csv"])  # fmt: skip
     assert bad.value.code == 2
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--limit", "9" * 5000],
+        ["--limit", "9" * 40],
+        ["--limit", "10001"],
+        ["--limit", "٣"],
+        ["--limit", "-1"],
+        ["--before", "9" * 5000 + ":$e:x"],
+        ["--before", "9" * 25 + ":$e:x"],
+        ["--before", "١٢:$e:x"],
+        ["--before", "12:" + "e" * 300],
+        ["--room", "!" + "r" * 5000],
+        ["--thread", "$t\x00"],
+        ["--principal", "@bot\n:example.org"],
+    ],
+)
+def test_hostile_arguments_are_refused_before_the_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
+    store = tmp_path / "j.sqlite3"
+    seed(store, [message(1, "hello")])
+    args = ["journal", "read", "--store", str(store), "--principal", BOT, "--room", ROOM, *extra]
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    _, err = capsys.readouterr()
+    assert info.value.code == 2 and "Traceback" not in err and len(err) < 2000
+    code, rows, _ = read(capsys, store, "--limit", "10000")  # the largest limit still reads
+    assert code == 0 and [r["body"] for r in rows] == ["hello"]

@@ -52,3 +52,8 @@ def test_bench_quick_prints_the_figures(postgres_cluster: object) -> None:
     assert figures["postgres"]["processes"] == 2
     assert "targets" in figures and "machine" in figures
     assert "sends_per_second" in figures["synapse"] or "error" in figures["synapse"]
+    abuse = figures["abuse"]
+    for key in ("slow_clients_throughput_ratio", "flood_cpu_per_send_ratio", "fds_rss", "met"):
+        assert key in abuse, key
+    assert abuse["slow_clients"]["during"]["fds_max"] >= abuse["slow_clients"]["slow_clients"]
+    assert set(abuse["fds_rss"]["after"]) == {"fds", "rss_kib"}

@@ -28,6 +28,7 @@ from gapline.clikit._secrets import (
     terminal_available,
 )
 from gapline.clikit._values import (
+    bounded_int,
     dsn,
     event_id,
     homeserver_url,
@@ -35,6 +36,7 @@ from gapline.clikit._values import (
     positive_float,
     positive_int,
     room_id,
+    shown,
     user_id,
 )
 
@@ -50,6 +52,7 @@ __all__ = [
     "add_log_flags",
     "add_login_flags",
     "add_secret_flags",
+    "bounded_int",
     "dsn",
     "event_id",
     "examples",
@@ -62,6 +65,7 @@ __all__ = [
     "prompt_secret",
     "resolve_secret",
     "room_id",
+    "shown",
     "store_directory",
     "subcommand",
     "terminal_available",

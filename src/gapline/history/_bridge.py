@@ -130,13 +130,46 @@ MAX_LINE = 1 << 20
 TOO_LONG = b"\x00 line too long\n"
 """What the reader yields for a line over MAX_LINE (never valid JSON)."""
 
+MAX_DEPTH = 32
+"""Deepest nesting of a request line (a command nests four levels)."""
+
+
+def _decode_line(line: bytes | str) -> Json:
+    """``loads`` with the line's nesting and numbers bounded; every refusal a WireError.
+
+    ``json`` itself gives up past the interpreter's recursion limit (RecursionError)
+    and on integers of over 4,300 digits (ValueError); both are bad input, never a
+    reason for the bridge to stop.
+    """
+    try:
+        data = loads(line)
+    except RecursionError:
+        raise WireError(f"not JSON: nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # WireError is not one; json's own number limit is
+        raise WireError(f"not JSON: {exc}") from None
+    if isinstance(line, bytes):
+        opened = line.count(b"[") + line.count(b"{")
+    else:
+        opened = line.count("[") + line.count("{")
+    if opened > MAX_DEPTH:  # only then can the nesting exceed the bound
+        stack: list[tuple[Json, int]] = [(data, 0)]
+        while stack:
+            node, depth = stack.pop()
+            if depth > MAX_DEPTH:
+                raise WireError(f"nested deeper than {MAX_DEPTH} levels")
+            if isinstance(node, dict):
+                stack.extend((child, depth + 1) for child in node.values())
+            elif isinstance(node, list):
+                stack.extend((child, depth + 1) for child in node)
+    return data
+
 
 def parse_request(line: bytes | str) -> Request:
     """Parse one input line; never raises (a bad line becomes a Request with an ``error``)."""
     if line == TOO_LONG:
         return Request(None, None, f"line longer than {MAX_LINE} bytes")
     try:
-        data = loads(line)
+        data = _decode_line(line)
     except WireError as exc:
         return Request(None, None, str(exc))
     if not isinstance(data, dict):
@@ -146,7 +179,7 @@ def parse_request(line: bytes | str) -> Request:
     if "id" not in data:
         return Request(None, None, 'missing field "id"')
     if request_id is None:
-        return Request(None, None, f"id: expected an integer, got {dumps(raw_id)}")
+        return Request(None, None, f"id: expected an integer, got {dumps(raw_id)[:60]}")
     unknown = [k for k in data if k not in ("id", "command")]
     if unknown:
         return Request(request_id, None, f'unknown field "{unknown[0]}" (fields: id, command)')

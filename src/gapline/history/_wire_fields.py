@@ -153,10 +153,16 @@ def count(value: Json, where: str) -> int:
     return number
 
 
+MAX_SAFE_INT = 2**53 - 1  # what every JSON reader represents exactly
+
+
 def positive(value: Json, where: str) -> int:
+    # Commands' counts: bounded, so a 4,000-digit count never reaches the engine.
     number = int_(value, where)
     if number < 1:
         raise WireError(f"{where}: must be at least 1, got {number}")
+    if number > MAX_SAFE_INT:
+        raise WireError(f"{where}: outside -(2^53-1)..2^53-1, got {describe(number)}")
     return number
 
 

@@ -124,8 +124,18 @@ class Cursor:
     def parse(cls, text: str) -> Cursor:
         """Parse ``<created_ts>:<event_id>``; event ids may themselves contain ':'."""
         ts, sep, event_id = text.partition(":")
-        if not sep or not event_id or not ts.isdigit():
-            raise InvalidCursor(f"not a cursor (want <created_ts>:<event_id>): {text!r}")
+        shown = repr(text if len(text) <= 60 else text[:57] + "...")
+        # ASCII digits counted before converting (int() takes "١٢" and refuses 4,301
+        # digits), and an event id within the Matrix limit of 255 bytes.
+        if (
+            not sep
+            or not event_id
+            or not (ts.isascii() and ts.isdigit())
+            or len(ts) > 19
+            or len(event_id.encode("utf-8", "surrogatepass")) > 255
+            or any(ord(c) < 0x20 or ord(c) == 0x7F for c in event_id)
+        ):
+            raise InvalidCursor(f"not a cursor (want <created_ts>:<event_id>): {shown}")
         return cls(int(ts), event_id)
 
 

@@ -40,11 +40,11 @@ from collections.abc import AsyncGenerator, Callable, Coroutine
 from gapline.clikit import (
     CommandError,
     Exit,
+    bounded_int,
     dsn,
     event_id,
     examples,
     existing_store,
-    positive_int,
     room_id,
     subcommand,
     user_id,
@@ -82,6 +82,9 @@ EXAMPLES = READ_EXAMPLES
 
 # Timestamps are stored as signed 64-bit integers on both backends.
 _MAX_TS = 2**63 - 1
+
+MAX_LIMIT = 10_000
+"""Most rows one read prints."""
 # The storage layer's bookkeeping table (docs/storage.md, "Migrations"): a journal is a
 # database in which the journal's migrations were applied.
 _IS_A_JOURNAL = "SELECT 1 FROM gapline_schema_migrations WHERE schema = ? LIMIT 1"
@@ -155,7 +158,13 @@ def _configure_read(sub: argparse._SubParsersAction) -> None:
         examples=READ_EXAMPLES,
     )
     _conversation_flags(read, room_help="the room to print")
-    read.add_argument("--limit", type=positive_int, default=50, metavar="N", help="rows to print")
+    read.add_argument(
+        "--limit",
+        type=bounded_int(MAX_LIMIT),
+        default=50,
+        metavar="N",
+        help=f"rows to print (at most {MAX_LIMIT:,})",
+    )
     read.add_argument(
         "--before",
         default=None,

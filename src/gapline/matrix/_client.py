@@ -11,6 +11,9 @@ one private `_send` owns all policy, so it is written and tested once:
   is: the server dedupes on the transaction ID). A connection that was never
   established is retried for every method;
 - per-request timeouts: the ``/sync`` long-poll hold plus a margin;
+- a bound on what one answer may make us hold: a body over ``max_response_bytes``
+  (default :data:`MAX_RESPONSE_BYTES`, counted after content decoding, so a
+  compressed bomb stops there too) is a `MatrixProtocolError`, read no further;
 - mapping of httpx failures into `gapline.matrix` errors in one context manager.
 """
 
@@ -53,7 +56,10 @@ from ._responses import (
     parse_error,
 )
 
-__all__ = ["MatrixClient", "RetryPolicy", "Session"]
+__all__ = ["MAX_RESPONSE_BYTES", "MatrixClient", "RetryPolicy", "Session"]
+
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+"""Largest response body a client reads (an initial /sync of a big account fits)."""
 
 log = logging.getLogger("gapline.matrix")
 
@@ -180,6 +186,7 @@ class MatrixClient(KeysEndpoints, UserEndpoints):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         user_agent: str = "gapline",
         trust_env: bool = True,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         self.homeserver = homeserver.rstrip("/")
         self.user_id = user_id
@@ -192,6 +199,7 @@ class MatrixClient(KeysEndpoints, UserEndpoints):
         self.retry = retry
         self.timeout = timeout
         self.long_poll_margin = long_poll_margin
+        self.max_response_bytes = max_response_bytes
         self._sleep = sleep
         self._http = httpx.AsyncClient(
             base_url=self.homeserver,
@@ -273,15 +281,37 @@ class MatrixClient(KeysEndpoints, UserEndpoints):
             timeout=self._timeout_for(request),
         )
 
-    async def _send(self, request: Request) -> httpx.Response:
-        """Send with the client's policy; return a 2xx response or raise a `MatrixError`."""
+    async def _receive(self, response: httpx.Response, request: Request) -> bytes:
+        """The body of a streamed response, refused past ``max_response_bytes``."""
+        limit = self.max_response_bytes
+        declared = response.headers.get("Content-Length", "")
+        too_large = MatrixProtocolError(
+            f"{request.method} {request.path}: response body larger than {limit} bytes"
+        )
+        if declared.isdigit() and (len(declared) > 19 or int(declared) > limit):
+            raise too_large
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _send(self, request: Request) -> bytes:
+        """Send with the client's policy; the body of a 2xx answer, or a `MatrixError`."""
         failures = 0
         rate_limited = 0
         while True:
             http_request = self._build(request)
             try:
                 with _map_httpx_errors(request):
-                    response = await self._http.send(http_request)
+                    response = await self._http.send(http_request, stream=True)
+                    try:
+                        body = await self._receive(response, request)
+                    finally:
+                        await response.aclose()
             except MatrixUnavailable as exc:
                 failures += 1
                 if failures >= self.retry.attempts or not (request.idempotent or _never_sent(exc)):
@@ -293,8 +323,8 @@ class MatrixClient(KeysEndpoints, UserEndpoints):
 
             status = response.status_code
             if 200 <= status < 300:
-                return response
-            error = parse_error(status, response.content, response.headers.get("Retry-After"))
+                return body
+            error = parse_error(status, body, response.headers.get("Retry-After"))
             if isinstance(error, RateLimited):
                 rate_limited += 1
                 wait = (
@@ -328,16 +358,12 @@ class MatrixClient(KeysEndpoints, UserEndpoints):
         The hook for sans-I/O callers (a generator that yields `Request`
         values): ``page = await client.request(req, MessagesResponse)``.
         """
-        response = await self._send(request)
-        with _map_httpx_errors(request):
-            body = await response.aread()
+        body = await self._send(request)
         return parse(body, response_type, what=f"{request.method} {request.path}")
 
     async def request_bytes(self, request: Request) -> bytes:
         """Send a `Request` whose answer is not JSON (media download)."""
-        response = await self._send(request)
-        with _map_httpx_errors(request):
-            return await response.aread()
+        return await self._send(request)
 
     # -- account ---------------------------------------------------------------------------
 

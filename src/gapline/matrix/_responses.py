@@ -366,6 +366,11 @@ def parse(body: bytes, response_type: type[T], *, what: str = "response") -> T:
 
     ``response_type`` may also be ``dict`` (any JSON object) for endpoints
     whose body is free-form (state content, account data).
+
+    Bounds: integers beyond 64 bits are an unexpected shape; nesting is bounded by
+    the decoder's recursion guard (the interpreter's recursion limit, 1,000 frames by
+    default), and a body nested deeper is refused like any other malformed body.
+    The body size is bounded before this, by the client's ``max_response_bytes``.
     """
     try:
         return msgspec.json.decode(body, type=response_type)
@@ -373,6 +378,8 @@ def parse(body: bytes, response_type: type[T], *, what: str = "response") -> T:
         raise MatrixProtocolError(f"{what}: unexpected shape: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise MatrixProtocolError(f"{what}: not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise MatrixProtocolError(f"{what}: JSON nested too deeply") from None
 
 
 def parse_error(status: int, body: bytes, retry_after_header: str | None = None) -> MatrixHTTPError:
@@ -386,12 +393,12 @@ def parse_error(status: int, body: bytes, retry_after_header: str | None = None)
     try:
         decoded = msgspec.json.decode(body, type=ErrorBody)
         info = decoded
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         pass  # keep the status; the body was not a Matrix error object
     retry_after_ms = info.retry_after_ms
     if retry_after_ms is None and retry_after_header:
         try:
             retry_after_ms = int(float(retry_after_header) * 1000)
-        except ValueError:
+        except (ValueError, OverflowError):  # "soon", "nan", "inf", "1e400"
             retry_after_ms = None
     return error_for_status(status, info.errcode, info.error, retry_after_ms)

@@ -40,9 +40,30 @@ class RelayConfig:
     base_path: str = "/meshline/v1"
     # HTTP bodies and WebSocket text frames (the spec's WSS frame limit is 1 MiB).
     max_request_bytes: int = 1024 * 1024
-    # Per-session token bucket (unauthenticated calls: per remote address).
-    rate_per_second: float = 500.0
+    # Token buckets. A call with a session the relay has verified is charged to that
+    # session and to its account; any other call (no token, an unknown or malformed
+    # one) to its address (IPv6: its /64) and to one bucket shared by all of them.
+    rate_per_second: float = 500.0  # per session, and per address
     rate_burst: int = 1000
+    account_rate_per_second: float = 1000.0
+    account_burst: int = 2000
+    unauthenticated_rate_per_second: float = 1000.0
+    unauthenticated_burst: int = 2000
+    # Outstanding auth.challenge nonces (issued, neither used nor expired) per address
+    # and per account; each one is a database row until it is used or expires.
+    challenges_per_address: int = 256
+    challenges_per_account: int = 32
+    # Connections: caps, and how long each phase may take (seconds).
+    max_connections: int = 4096
+    max_connections_per_address: int = 256
+    header_timeout: float = (
+        10.0  # from connect (or the first byte of the next request) to a full head
+    )
+    body_timeout: float = 30.0  # to receive a whole request body
+    idle_timeout: float = 60.0  # keep-alive connection with no request
+    handshake_timeout: float = 10.0  # TLS handshake; WebSocket upgrade response
+    ws_auth_timeout: float = 30.0  # a WebSocket without a bound session is closed (1008)
+    ws_heartbeat: float = 30.0  # ping interval; no pong within half of it closes
     # Outbound messages queued per WebSocket connection before the reader is slowed down.
     ws_queue: int = 256
     # Requests handled concurrently per WebSocket connection.
@@ -62,6 +83,30 @@ class RelayConfig:
             raise ValueError("retention must be a positive number of seconds")
         if not self.base_path.startswith("/") or self.base_path.endswith("/"):
             raise ValueError("base path must start with / and not end with /")
+        positive = {
+            name: getattr(self, name)
+            for name in (
+                "rate_per_second",
+                "rate_burst",
+                "account_rate_per_second",
+                "account_burst",
+                "unauthenticated_rate_per_second",
+                "unauthenticated_burst",
+                "challenges_per_address",
+                "challenges_per_account",
+                "max_connections",
+                "max_connections_per_address",
+                "header_timeout",
+                "body_timeout",
+                "idle_timeout",
+                "handshake_timeout",
+                "ws_auth_timeout",
+                "ws_heartbeat",
+            )
+        }
+        for name, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"{name} must be positive")
 
     @property
     def url(self) -> str:

@@ -9,6 +9,7 @@ logged and answered ``internal_error``: no traceback reaches a client.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "RelayFailure",
     "failure_from_meshline",
     "http_status",
+    "internal_failure",
     "jsonrpc_code",
 ]
 
@@ -74,3 +76,11 @@ def failure_from_meshline(exc: MeshlineError) -> RelayFailure:
     """
     code = exc.code if exc.code in HTTP_STATUS_BY_CODE else "bad_request"
     return RelayFailure(code, exc.message, exc.data)
+
+
+def internal_failure() -> RelayFailure:
+    """``internal_error`` with a fresh ``data.error_id``: the one log record of the
+    failure carries the same id, so an operator finds it from the client's report."""
+    return RelayFailure(
+        "internal_error", "unexpected relay failure", {"error_id": secrets.token_hex(8)}
+    )

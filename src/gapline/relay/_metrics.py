@@ -59,6 +59,42 @@ class RelayMetrics:
             "Calls refused by the rate limiter.",
             registry=self.registry,
         )
+        self.refusals_held = Counter(
+            "meshline_relay_refusals_held",
+            "rate_limited answers held back because the caller kept ignoring Retry-After.",
+            registry=self.registry,
+        )
+        self.internal_errors = Counter(
+            "meshline_relay_internal_errors",
+            "Unexpected exceptions answered internal_error, by transport.",
+            ["transport"],
+            registry=self.registry,
+        )
+        self.connections = Gauge(
+            "meshline_relay_connections", "Open client connections.", registry=self.registry
+        )
+        self.connections_refused = Counter(
+            "meshline_relay_connections_refused",
+            "Connections closed at accept by a cap, by cap (address, total).",
+            ["cap"],
+            registry=self.registry,
+        )
+        self.timeouts = Counter(
+            "meshline_relay_timeouts",
+            "Connections closed by a timeout, by phase (header, body, handshake, ws_auth).",
+            ["phase"],
+            registry=self.registry,
+        )
+        self.client_disconnects = Counter(
+            "meshline_relay_client_disconnects",
+            "Requests whose client went away before its body or answer was through.",
+            registry=self.registry,
+        )
+        self.malformed_http = Counter(
+            "meshline_relay_malformed_http",
+            "HTTP messages refused by the parser (request line, headers, framing).",
+            registry=self.registry,
+        )
 
         # Labelled children by label values: ``labels()`` costs a lock and a tuple build
         # per call, paid twice on every request otherwise.

@@ -23,10 +23,21 @@ from aiohttp import WSCloseCode, web
 from gapline.meshline import AccountKey, b64u_decode, b64u_encode
 from gapline.relay._config import RelayConfig
 from gapline.relay._errors import RelayFailure
+from gapline.relay._guard import (
+    LINGER,
+    MAX_HEADERS,
+    MAX_LINE,
+    ConnectionGuard,
+    GuardedSite,
+    RelayProtocol,
+    expect_continue,
+    guard_middleware,
+    no_such_path,
+)
 from gapline.relay._http import http_handler
 from gapline.relay._methods import Relay
 from gapline.relay._metrics import RelayMetrics
-from gapline.relay._ratelimit import RateLimiter
+from gapline.relay._ratelimit import Admission, ChallengeQuota
 from gapline.relay._store import (
     DEVICE_STATE_CHANNEL,
     TIMELINE_CHANNEL,
@@ -63,7 +74,16 @@ class RelayServer:
         self.store = store
         self.relay = Relay(config, store, key)
         self.metrics = RelayMetrics()
-        self.limiter = RateLimiter(config.rate_per_second, config.rate_burst)
+        self.admission = Admission(
+            session=(config.rate_per_second, config.rate_burst),
+            account=(config.account_rate_per_second, config.account_burst),
+            address=(config.rate_per_second, config.rate_burst),
+            unauthenticated=(config.unauthenticated_rate_per_second, config.unauthenticated_burst),
+        )
+        self.challenges = ChallengeQuota(
+            config.challenges_per_address, config.challenges_per_account, config.clock
+        )
+        self.guard = ConnectionGuard(config, self.metrics)
         self.connections: set[WsConnection] = set()
         self._by_account: dict[str, set[WsConnection]] = {}
         self._sessions: dict[str, Session] = {}
@@ -74,6 +94,11 @@ class RelayServer:
         self._stopping = False
 
     # -- sessions ----------------------------------------------------------------------
+
+    def cached_session(self, token_hash: str) -> Session | None:
+        """The live session for a token hash if this process already knows it (no I/O)."""
+        session = self._sessions.get(token_hash)
+        return None if session is None else self._live(token_hash, session)
 
     async def session(self, token_hash: str) -> Session | None:
         """The live session for a token hash (cached; dropped on device-state changes)."""
@@ -93,6 +118,9 @@ class RelayServer:
             if len(self._sessions) > 100_000:
                 self._sessions.clear()
             self._sessions[token_hash] = session
+        return self._live(token_hash, session)
+
+    def _live(self, token_hash: str, session: Session) -> Session | None:
         if session.origin != self.relay.origin:
             return None  # a token is valid only at the origin that issued it
         if session.expires_at <= self.config.clock():
@@ -207,11 +235,16 @@ class RelayServer:
 
     def app(self) -> web.Application:
         base = self.config.base_path
-        app = web.Application(client_max_size=self.config.max_request_bytes)
-        app.router.add_route("GET", base, ws_handler(self))
-        app.router.add_route("*", base + "/{path:.+}", http_handler(self))
-        app.router.add_route("GET", "/metrics", self._metrics_handler)
-        app.router.add_route("GET", "/health", self._health_handler)
+        app = web.Application(
+            client_max_size=self.config.max_request_bytes,
+            middlewares=[guard_middleware(self.metrics)],
+        )
+        expect = expect_continue
+        app.router.add_route("GET", base, ws_handler(self), expect_handler=expect)
+        app.router.add_route("*", base + "/{path:.+}", http_handler(self), expect_handler=expect)
+        app.router.add_route("GET", "/metrics", self._metrics_handler, expect_handler=expect)
+        app.router.add_route("GET", "/health", self._health_handler, expect_handler=expect)
+        app.router.add_route("*", "/{tail:.*}", no_such_path, expect_handler=expect)
         return app
 
     async def _metrics_handler(self, request: web.Request) -> web.Response:
@@ -253,16 +286,42 @@ class RelayServer:
         if self.config.tls_cert is not None:
             ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ssl_context.load_cert_chain(self.config.tls_cert, self.config.tls_key)
+        config = self.config
         runner = web.AppRunner(
             self.app(),
             access_log=None,
-            shutdown_timeout=self.config.shutdown_timeout,
+            shutdown_timeout=config.shutdown_timeout,
             handle_signals=False,
         )
         await runner.setup()
         self._runner = runner
-        site = web.TCPSite(
-            runner, self.config.host, self.config.port, ssl_context=ssl_context, reuse_address=True
+        manager = runner.server
+        assert manager is not None
+        loop = asyncio.get_running_loop()
+        self.guard.fit_descriptor_limit()
+
+        def protocol() -> RelayProtocol:
+            return RelayProtocol(
+                manager,
+                self.guard,
+                loop=loop,
+                keepalive_timeout=config.idle_timeout,
+                access_log=None,
+                max_line_size=MAX_LINE,
+                max_field_size=MAX_LINE,
+                max_headers=MAX_HEADERS,
+                lingering_time=LINGER,
+                # Bodies are JSON; a compressed one is refused as such, never inflated.
+                auto_decompress=False,
+            )
+
+        site = GuardedSite(
+            runner,
+            protocol,
+            config.host,
+            config.port,
+            ssl_context=ssl_context,
+            handshake_timeout=config.handshake_timeout,
         )
         # The background tasks are owned here: created after the socket is bound, cancelled
         # and awaited on the way out. (Not a TaskGroup around the yield, so an exception in
@@ -281,9 +340,8 @@ class RelayServer:
             asyncio.create_task(self._cleanup_loop(), name="relay-cleanup"),
         ]
         try:
-            sockets = getattr(site._server, "sockets", None) or []
-            if sockets:
-                self.port = sockets[0].getsockname()[1]
+            if site.port:
+                self.port = site.port
                 self.relay.set_url(self.url)
             log.info("relay listening", extra={"url": self.url, "relay_id": self.relay.relay_id})
             yield

@@ -4,6 +4,12 @@ Frames over the size limit are closed 1009 (by aiohttp's reader, configured with
 ``max_msg_size``); binary frames are closed 1003. Requests on one connection run
 concurrently (at most ``ws_inflight`` at once) and answer out of order.
 
+Time limits: the upgrade response must be written within ``handshake_timeout``; a
+connection without a bound session (never authenticated, or its session revoked)
+is closed 1008 after ``ws_auth_timeout``; the relay pings every ``ws_heartbeat``
+seconds and closes a connection whose pong does not come back. A session-less call
+is charged to the connection's address, a bound one to its session and account.
+
 Back-pressure: every outbound message goes through a bounded queue drained by one
 writer task. A response waits for room, which holds its request slot, which stops the
 reader once ``ws_inflight`` slots are held, so a client that does not read its socket
@@ -21,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from gapline.meshline import MAX_SAFE_INTEGER, MeshlineError, parse_json
+from gapline.relay._bounds import address_key, check_items
 from gapline.relay._errors import (
     JSONRPC_INVALID_PARAMS,
     JSONRPC_INVALID_REQUEST,
@@ -29,8 +36,9 @@ from gapline.relay._errors import (
     RelayFailure,
     jsonrpc_code,
 )
+from gapline.relay._http import failure_response, refuse
 from gapline.relay._methods import Call, SessionMode
-from gapline.relay._rpc import invoke
+from gapline.relay._rpc import invoke, unexpected
 from gapline.relay._store import Session
 
 if TYPE_CHECKING:
@@ -82,17 +90,34 @@ class WsConnection:
         self._pending: dict[str, dict[str, Any]] = {}
         self._marker_queued = False
         self._outstanding: set[Any] = set()
+        # Set once the connection has gone ws_auth_timeout without a bound session.
+        self.auth_lapsed = asyncio.Event()
+        self._auth_timeout: float | None = None
+        self._auth_timer: asyncio.TimerHandle | None = None
 
     def bind(self, token_hash: str, session: Session) -> None:
         self.token_hash = token_hash
         self.session = session
         self.server.track(self)
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
 
     def unbind(self) -> None:
         self.server.untrack(self)
         self.session = None
         self.token_hash = None
         self.notify_enabled = False
+        self.require_auth(self._auth_timeout)
+
+    def require_auth(self, timeout: float | None) -> None:
+        """Close (via ``auth_lapsed``) unless a session is bound within ``timeout``; None: stop."""
+        self._auth_timeout = timeout
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        if timeout is not None and self.session is None:
+            self._auth_timer = asyncio.get_running_loop().call_later(timeout, self.auth_lapsed.set)
 
     def valid_session(self) -> Session | None:
         session = self.session
@@ -154,32 +179,38 @@ class WsConnection:
         await self.outbound.put(_CLOSE)
 
     async def handle_text(self, text: str) -> None:
-        """Parse one frame and answer it."""
+        """Parse one frame and answer it; whatever happens, the frame gets one answer."""
         try:
-            msg = parse_json(text)
-        except MeshlineError as exc:
-            await self.answer(_error(None, JSONRPC_PARSE_ERROR, f"parse error: {exc.message}"))
-            return
-        if not isinstance(msg, dict):
+            await self._handle_text(text)
+        except Exception:  # noqa: BLE001 - logged with an error id by unexpected()
+            failure = unexpected(self.server.metrics, "ws")
             await self.answer(
-                _error(None, JSONRPC_INVALID_REQUEST, "a request is one JSON object; no batches")
+                _error(None, jsonrpc_code(failure.code), failure.message, failure.data)
             )
+
+    async def _handle_text(self, text: str) -> None:
+        server = self.server
+        admission = server.admission
+        # Every frame is charged, garbage included: to the bound session, else the address.
+        session = self.valid_session()
+        token = self.token_hash
+        if session is not None and token is not None:
+            payer, wait = token, admission.charge_verified(token, session.account)
+        else:
+            session = None
+            payer, wait = self.remote, admission.charge_unverified(self.remote)
+        id_, msg, problem = _check_frame(text)
+        if wait:
+            try:
+                await refuse(server, payer, wait)
+            except RelayFailure as exc:
+                await self.answer(_error(id_, jsonrpc_code(exc.code), exc.message, exc.data))
             return
-        raw_id = msg.get("id")
-        if "id" not in msg or not _valid_id(raw_id):
-            await self.answer(
-                _error(
-                    None,
-                    JSONRPC_INVALID_REQUEST,
-                    "id: a string of at most 128 bytes or a safe integer is required",
-                )
-            )
-            return
-        id_ = raw_id
-        if msg.get("jsonrpc") != "2.0" or not isinstance(msg.get("method"), str):
-            await self.answer(
-                _error(id_, JSONRPC_INVALID_REQUEST, 'jsonrpc must be "2.0" and method a string')
-            )
+        if msg is None:
+            if session is None:
+                admission.failed_unverified(self.remote)
+            code, message = problem or (JSONRPC_INVALID_REQUEST, "invalid request")
+            await self.answer(_error(id_, code, message))
             return
         key = (type(id_).__name__, id_)
         if key in self._outstanding:
@@ -189,27 +220,22 @@ class WsConnection:
             return
         self._outstanding.add(key)
         try:
-            await self._dispatch(id_, msg["method"], msg)
+            await self._dispatch(id_, msg["method"], msg, session)
         finally:
             self._outstanding.discard(key)
 
-    async def _dispatch(self, id_: Any, name: str, msg: dict[str, Any]) -> None:
+    async def _dispatch(
+        self, id_: Any, name: str, msg: dict[str, Any], session: Session | None
+    ) -> None:
         server = self.server
         method = server.relay.methods.get(name)
-        if method is None:
-            await self.answer(_error(id_, JSONRPC_METHOD_NOT_FOUND, f"no method {name!r}"))
-            return
         params = msg.get("params", {})
-        if not isinstance(params, dict):
-            await self.answer(_error(id_, JSONRPC_INVALID_PARAMS, "params must be an object"))
-            return
         call = Call(connection=self)
         try:
-            session = self.valid_session()
-            wait = server.limiter.take(self.token_hash or f"addr:{self.remote}")
-            if wait:
-                server.metrics.rate_limited.inc()
-                raise RelayFailure("rate_limited", "too many requests", {"retry_after": wait})
+            if method is None:
+                raise _ProtocolError(JSONRPC_METHOD_NOT_FOUND, f"no method {name[:100]!r}")
+            if not isinstance(params, dict):
+                raise _ProtocolError(JSONRPC_INVALID_PARAMS, "params must be an object")
             if method.session is not SessionMode.NONE:
                 if session is None or self.token_hash is None:
                     raise RelayFailure("unauthorized", "authenticate this connection first")
@@ -218,9 +244,28 @@ class WsConnection:
                     self.unbind()
                     raise RelayFailure("unauthorized", "session expired or revoked")
                 call.session = session
-            result = await invoke(method, call, params, server.metrics, "ws")
-        except RelayFailure as exc:
-            await self.answer(_error(id_, jsonrpc_code(exc.code), exc.message, exc.data))
+            result = await invoke(
+                method,
+                call,
+                params,
+                server.metrics,
+                "ws",
+                quota=server.challenges,
+                address=self.remote,
+            )
+        except (RelayFailure, _ProtocolError) as exc:
+            if session is None and getattr(exc, "code", None) != "rate_limited":
+                server.admission.failed_unverified(self.remote)
+            if isinstance(exc, _ProtocolError):
+                await self.answer(_error(id_, exc.rpc_code, exc.message))
+            else:
+                await self.answer(_error(id_, jsonrpc_code(exc.code), exc.message, exc.data))
+            return
+        except Exception:  # noqa: BLE001 - logged with an error id by unexpected()
+            failure = unexpected(server.metrics, "ws", name)
+            await self.answer(
+                _error(id_, jsonrpc_code(failure.code), failure.message, failure.data)
+            )
             return
         await self.answer(_dumps({"jsonrpc": "2.0", "id": id_, "result": result}))
         if name == "auth.device.verify":
@@ -229,14 +274,67 @@ class WsConnection:
             self.notify_enabled = True
 
 
+class _ProtocolError(Exception):
+    """A JSON-RPC protocol error (unknown method, params not an object)."""
+
+    def __init__(self, rpc_code: int, message: str) -> None:
+        super().__init__(message)
+        self.rpc_code = rpc_code
+        self.message = message
+
+
+def _check_frame(text: str) -> tuple[Any, dict[str, Any] | None, tuple[int, str] | None]:
+    """(id to answer with, the request object, or the protocol error to answer)."""
+    try:
+        msg = parse_json(text)
+    except MeshlineError as exc:
+        return None, None, (JSONRPC_PARSE_ERROR, f"parse error: {exc.message}")
+    try:
+        check_items(msg, text, "the frame")
+    except RelayFailure as exc:
+        return None, None, (JSONRPC_INVALID_REQUEST, exc.message)
+    if not isinstance(msg, dict):
+        return None, None, (JSONRPC_INVALID_REQUEST, "a request is one JSON object; no batches")
+    raw_id = msg.get("id")
+    if "id" not in msg or not _valid_id(raw_id):
+        return (
+            None,
+            None,
+            (
+                JSONRPC_INVALID_REQUEST,
+                "id: a string of at most 128 bytes or a safe integer is required",
+            ),
+        )
+    if msg.get("jsonrpc") != "2.0" or not isinstance(msg.get("method"), str):
+        return raw_id, None, (JSONRPC_INVALID_REQUEST, 'jsonrpc must be "2.0" and method a string')
+    return raw_id, msg, None
+
+
+def _only_disconnects(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_disconnects(e) for e in exc.exceptions)
+    return isinstance(exc, ConnectionError)
+
+
 def ws_handler(server: RelayServer):
     config = server.config
+    metrics = server.metrics
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(max_msg_size=config.max_request_bytes, autoping=True)
-        await ws.prepare(request)
-        conn = WsConnection(server, ws, request.remote or "?")
-        server.metrics.ws_connections.inc()
+        ws = web.WebSocketResponse(
+            max_msg_size=config.max_request_bytes, autoping=True, heartbeat=config.ws_heartbeat
+        )
+        address = address_key(request.remote)
+        try:
+            async with asyncio.timeout(config.handshake_timeout):
+                await ws.prepare(request)
+        except TimeoutError:
+            metrics.timeouts.labels("handshake").inc()
+            log.debug("websocket upgrade not written in time; closing", extra={"remote": address})
+            request.protocol.force_close()
+            return failure_response(RelayFailure("bad_request", "upgrade timed out"))
+        conn = WsConnection(server, ws, address)
+        metrics.ws_connections.inc()
         server.connections.add(conn)
         slots = asyncio.Semaphore(config.ws_inflight)
         try:
@@ -249,6 +347,17 @@ def ws_handler(server: RelayServer):
                     finally:
                         slots.release()
 
+                async def watch_auth() -> None:
+                    await conn.auth_lapsed.wait()
+                    metrics.timeouts.labels("ws_auth").inc()
+                    log.debug(
+                        "websocket not authenticated in time; closing",
+                        extra={"remote": address, "timeout": config.ws_auth_timeout},
+                    )
+                    await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"authenticate first")
+
+                watchdog = tg.create_task(watch_auth())
+                conn.require_auth(config.ws_auth_timeout)
                 async for msg in ws:
                     if msg.type is WSMsgType.TEXT:
                         await slots.acquire()
@@ -261,17 +370,26 @@ def ws_handler(server: RelayServer):
                         break
                     else:
                         break
+                conn.require_auth(None)
+                watchdog.cancel()
                 # Let in-flight requests finish, then stop the writer.
                 for _ in range(config.ws_inflight):
                     await slots.acquire()
                 await conn.finish()
                 await writer
-        except Exception:
-            log.debug("websocket connection ended with an error", exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - a disconnect is one line; others unexpected()
+            if _only_disconnects(exc):
+                log.debug(
+                    "websocket client went away",
+                    extra={"remote": address, "reason": f"{type(exc).__name__}: {exc}"[:200]},
+                )
+            else:
+                unexpected(metrics, "ws")
         finally:
+            conn.require_auth(None)  # so the unbind below arms nothing
             conn.unbind()
             server.connections.discard(conn)
-            server.metrics.ws_connections.dec()
+            metrics.ws_connections.dec()
             if not ws.closed:
                 await ws.close()
         return ws

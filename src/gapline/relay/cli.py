@@ -11,14 +11,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import signal
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gapline.clikit import (
     CommandError,
@@ -31,12 +32,10 @@ from gapline.clikit import (
     positive_int,
     subcommand,
 )
-from gapline.relay._config import DEFAULT_NETWORK_CONTEXT
+from gapline.relay._config import DEFAULT_NETWORK_CONTEXT, RelayConfig
 
 __all__ = ["EXAMPLES", "configure", "run"]
 
-if TYPE_CHECKING:
-    from gapline.relay._config import RelayConfig
 
 SERVE_EXAMPLES = examples(
     "gapline relay serve --listen 127.0.0.1:8787 --store relay.db --retention 604800",
@@ -48,7 +47,56 @@ SERVE_EXAMPLES = examples(
 )
 EXAMPLES = SERVE_EXAMPLES
 
-_LOG_FIELDS = ("method", "url", "relay_id", "records", "visibility", "sends", "channel", "dsn")
+_LOG_FIELDS = (
+    "method",
+    "url",
+    "relay_id",
+    "records",
+    "visibility",
+    "sends",
+    "channel",
+    "dsn",
+    "remote",
+    "transport",
+    "error_id",
+    "reason",
+    "timeout",
+    "max_connections",
+)
+
+# The abuse limits: (flag, RelayConfig field, type, metavar, help). Each is a flag of
+# `relay serve` and a field of RelayConfig, whose default it shows (docs/relay.md).
+_LIMITS: tuple[tuple[str, str, Callable[[str], Any], str, str], ...] = (
+    ("--account-rate", "account_rate_per_second", positive_float, "PER_SECOND",
+     "request rate per account, over all its verified sessions"),
+    ("--account-burst", "account_burst", positive_int, "N", "per-account bucket size"),
+    ("--unauthenticated-rate", "unauthenticated_rate_per_second", positive_float,
+     "PER_SECOND",
+     "request rate of all calls without a verified session together, every address"),
+    ("--unauthenticated-burst", "unauthenticated_burst", positive_int, "N",
+     "bucket size shared by all calls without a verified session"),
+    ("--challenges-per-address", "challenges_per_address", positive_int, "N",
+     "outstanding auth.challenge nonces one address may hold"),
+    ("--challenges-per-account", "challenges_per_account", positive_int, "N",
+     "outstanding auth.challenge nonces one account may hold"),
+    ("--max-connections", "max_connections", positive_int, "N",
+     "open connections in total (HTTP and WebSocket); more are refused with 503"),
+    ("--max-connections-per-address", "max_connections_per_address", positive_int, "N",
+     "open connections per client address (IPv6: per /64); more are refused with 429"),
+    ("--header-timeout", "header_timeout", positive_float, "SECONDS",
+     "time to send a whole request head, from connecting or from the first byte of the "
+     "next request on a kept-alive connection"),
+    ("--body-timeout", "body_timeout", positive_float, "SECONDS",
+     "time to send a whole request body"),
+    ("--idle-timeout", "idle_timeout", positive_float, "SECONDS",
+     "how long a kept-alive HTTP connection may wait for its next request"),
+    ("--handshake-timeout", "handshake_timeout", positive_float, "SECONDS",
+     "time for the TLS handshake, and for writing the WebSocket upgrade"),
+    ("--ws-auth-timeout", "ws_auth_timeout", positive_float, "SECONDS",
+     "a WebSocket without an authenticated session for this long is closed (1008)"),
+    ("--ws-heartbeat", "ws_heartbeat", positive_float, "SECONDS",
+     "WebSocket ping interval; a connection whose pong is missing is closed"),
+)  # fmt: skip
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -166,15 +214,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=500.0,
         metavar="PER_SECOND",
-        help="per-session request rate (token bucket refill); excess gets rate_limited + Retry-After",
+        help="request rate per verified session, and per address for calls without one "
+        "(token bucket refill); excess gets rate_limited + Retry-After",
     )
     serve.add_argument(
         "--burst",
         type=positive_int,
         default=1000,
         metavar="N",
-        help="per-session token bucket size",
+        help="per-session and per-address bucket size",
     )
+    defaults = {f.name: f.default for f in dataclasses.fields(RelayConfig)}
+    for flag, field, kind, metavar, text in _LIMITS:
+        serve.add_argument(flag, type=kind, default=defaults[field], metavar=metavar, help=text)
     serve.add_argument(
         "--ws-queue",
         type=positive_int,
@@ -220,16 +272,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_log_flags(serve)
 
 
+def _field_of(flag: str) -> str:
+    """The argparse attribute of ``flag``: ``--ws-auth-timeout`` -> ``ws_auth_timeout``."""
+    return flag.removeprefix("--").replace("-", "_")
+
+
 def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
     from gapline.meshline import MeshlineError, NetworkContext
-    from gapline.relay._config import RelayConfig
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLogFormatter())
-    root = logging.getLogger("gapline")
+    # Every logger, aiohttp's and asyncio's included, writes JSON lines: a library's
+    # record must not fall through to Python's plain-text last-resort handler.
+    root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(log_level(args))
-    root.propagate = False
 
     try:
         context = NetworkContext(args.network_context)
@@ -267,6 +324,7 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
             delivery_age_limit=args.delivery_age_limit,
             page_limit=args.page_limit,
             shutdown_timeout=args.shutdown_timeout,
+            **{field: getattr(args, _field_of(flag)) for flag, field, *_ in _LIMITS},
         )
     except ValueError as exc:
         raise CommandError(str(exc), Exit.USAGE) from None
