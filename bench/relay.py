@@ -455,6 +455,16 @@ async def main() -> None:
         "1000000",
         "--burst",
         "1000000",
+        # Throughput, not the limits, is measured here (the abuse figures use the defaults):
+        # route lookups and relay.info carry no session, so they share the unverified bucket.
+        "--unauthenticated-rate",
+        "1000000",
+        "--unauthenticated-burst",
+        "1000000",
+        "--account-rate",
+        "1000000",
+        "--account-burst",
+        "1000000",
         "--log-level",
         "warning",
     ]

@@ -174,6 +174,7 @@ async def run_abuse_scenario(
         recipient = make_account(1)
         senders = [make_account(1) for _ in range(clients)]
         await relay.publish(recipient)
+        await relay.publish_profile(recipient, public_discovery=True)  # no grant needed
         for s in senders:
             await relay.publish(s)
         tokens = [await relay.login(s) for s in senders]

@@ -4,9 +4,11 @@ with the flag's name, never a failure deep inside a database or a request."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 __all__ = [
+    "bounded_int",
     "dsn",
     "event_id",
     "homeserver_url",
@@ -14,6 +16,7 @@ __all__ = [
     "positive_float",
     "positive_int",
     "room_id",
+    "shown",
     "user_id",
 ]
 
@@ -33,10 +36,26 @@ def homeserver_url(text: str) -> str:
     return text
 
 
+_MAX_ID_BYTES = 255  # the Matrix limit on user, room and event IDs
+
+
+def shown(text: str) -> str:
+    """``text`` quoted for an error line, cut short: a hostile value never floods stderr."""
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
 def _identifier(text: str, sigil: str, what: str, example: str) -> str:
-    if len(text) < 2 or not text.startswith(sigil) or any(c.isspace() for c in text):
+    if len(text.encode("utf-8", "surrogatepass")) > _MAX_ID_BYTES:
         raise argparse.ArgumentTypeError(
-            f"expected {what} starting with {sigil!r}, e.g. {example}, not {text!r}"
+            f"{what} is at most {_MAX_ID_BYTES} bytes, not {shown(text)}"
+        )
+    if (
+        len(text) < 2
+        or not text.startswith(sigil)
+        or any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+    ):
+        raise argparse.ArgumentTypeError(
+            f"expected {what} starting with {sigil!r}, e.g. {example}, not {shown(text)}"
         )
     return text
 
@@ -78,23 +97,36 @@ def dsn(text: str) -> str:
     return text
 
 
+_MAX_DIGITS = 15  # below 2^53: every flag's count or size fits, and int() stays cheap
+
+
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive whole number, not {text!r}"
-        ) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}")
-    return value
+    # Digits are counted before converting: int() of thousands of digits refuses, and
+    # non-ASCII digits ("٣") are not a flag value anyone means.
+    if not (text.isascii() and text.isdigit()) or len(text) > _MAX_DIGITS or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {shown(text)}")
+    return int(text)
+
+
+def bounded_int(maximum: int) -> Callable[[str], int]:
+    """A ``positive_int`` flag type that also refuses values above ``maximum``."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"at most {maximum:,}, not {shown(text)}")
+        return value
+
+    return parse
 
 
 def positive_float(text: str) -> float:
+    if len(text) > 32:
+        raise argparse.ArgumentTypeError(f"expected a positive number, not {shown(text)}")
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, not {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive number, not {shown(text)}") from None
     if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, not {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive number, not {shown(text)}")
     return value

@@ -131,11 +131,12 @@ class Cursor:
             not sep
             or not event_id
             or not (ts.isascii() and ts.isdigit())
-            or len(ts) > 19
             or len(event_id.encode("utf-8", "surrogatepass")) > 255
             or any(ord(c) < 0x20 or ord(c) == 0x7F for c in event_id)
         ):
             raise InvalidCursor(f"not a cursor (want <created_ts>:<event_id>): {shown}")
+        if len(ts) > 19 or int(ts) >= 2**63:  # a BIGINT column: larger never matches
+            raise InvalidCursor(f"created_ts out of range in {shown}")
         return cls(int(ts), event_id)
 
 
