@@ -9,6 +9,7 @@ The methods are thin: each forwards to the module-level operation in the module 
 rule it implements, which takes an open transaction and the principal id.
 
 - ``_admission``: admit (and ``_sql_postgres``, its one-statement PostgreSQL form);
+- ``_decryption``: retained decryption failures and their one upgrade;
 - ``_replay``: pending, settle, consumer claims;
 - ``_projection``: hydration chunks, coverage, refetch installs (the reducer itself);
 - ``_projection_reads``: conversation pages, one message, coverage, refresh debts;
@@ -31,6 +32,7 @@ from functools import partial
 from gapline.journal import (
     _admission,
     _approvals,
+    _decryption,
     _epochs,
     _membership,
     _outbox,
@@ -190,6 +192,28 @@ class PrincipalJournal:
                 p=self._p,
                 event=event,
                 epoch=epoch,
+                parsed=parsed,
+                pending_channel=self._pending_channel,
+            )
+        )
+
+    async def undecrypted_events(
+        self, room_ids: Sequence[str] | None = None, *, limit: int = 1000
+    ) -> tuple[InboundEvent, ...]:
+        """Retained decryption failures (ciphertext as content), oldest first."""
+        return await self._backend.read(
+            partial(_decryption.undecrypted, p=self._p, room_ids=room_ids, limit=_positive(limit))
+        )
+
+    async def upgrade_decrypted(self, event: InboundEvent) -> AdmitOutcome:
+        """Upgrade the retained failure of ``event.event_id`` into ``event``, once
+        (``DUPLICATE`` when nothing awaits, ``STALE_EPOCH`` when a fence came between)."""
+        parsed = _projection.parse_inbound(self._p, event)
+        return await self._backend.write(
+            partial(
+                _decryption.upgrade,
+                p=self._p,
+                event=event,
                 parsed=parsed,
                 pending_channel=self._pending_channel,
             )

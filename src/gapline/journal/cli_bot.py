@@ -17,17 +17,20 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
 from collections.abc import Coroutine
 
 from gapline.clikit import (
+    PASSPHRASE,
     PASSWORD,
     CommandError,
     Exit,
     add_log_flags,
     add_login_flags,
+    add_secret_flags,
     dsn,
     examples,
     log_level,
@@ -35,6 +38,7 @@ from gapline.clikit import (
     resolve_secret,
     user_id,
 )
+from gapline.e2ee import E2eeError
 from gapline.journal._bot import Bot, BotConfig
 from gapline.journal._handlers import BUILTIN_HANDLERS, HandlerError, resolve_handler
 from gapline.journal._sidecar import DEFAULT_SIDECAR_LIMIT
@@ -136,7 +140,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="replies longer than N characters are sent as a preview plus an attachment",
     )
+    add_secret_flags(parser, PASSPHRASE)
     add_log_flags(parser)
+
+
+def _passphrase(args: argparse.Namespace) -> str | None:
+    """The store's passphrase from --passphrase-file, --passphrase or $GAPLINE_PASSPHRASE;
+    None (no encrypted rooms) when none gives one. A bot is never asked on a terminal."""
+    if (
+        getattr(args, PASSPHRASE.file_dest, None) is None
+        and getattr(args, PASSPHRASE.name, None) is None
+        and PASSPHRASE.env not in os.environ
+    ):
+        return None
+    return resolve_secret(args, PASSPHRASE, prompt="", required=False, warn=log.warning)
 
 
 def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
@@ -151,6 +168,7 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
         args, PASSWORD, prompt=f"password for {args.user}: ", warn=log.warning
     )
     assert password is not None
+    passphrase = _passphrase(args)
     config = BotConfig(
         homeserver=args.homeserver,
         user=args.user,
@@ -160,6 +178,7 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
         allow_inviters=frozenset(args.allow_inviter),
         approvers=frozenset(args.approver),
         sidecar_limit=args.sidecar_limit,
+        passphrase=passphrase,
     )
     return _run(config)
 
@@ -201,7 +220,7 @@ async def _until_signal(bot: Bot) -> int:
         main.uncancel()
         log.info("stopped", extra={"uptime_s": round(time.monotonic() - started, 1)})
         return Exit.OK
-    except (MatrixError, StorageError) as exc:
+    except (MatrixError, StorageError, E2eeError) as exc:
         log.error("bot failed", extra={"error": str(exc), "error_type": type(exc).__name__})
         return Exit.FAILED
     finally:

@@ -1,0 +1,175 @@
+"""The bot in encrypted rooms against a real Synapse, with matrix-nio (its own crypto) as
+the peer, on SQLite and PostgreSQL: it joins, decrypts, answers encrypted, journals what
+it cannot decrypt as a decryption failure and answers it exactly once when the key
+arrives late; nothing goes into the room in the clear."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gapline.journal import EventKind, JournalStore, TurnState
+from gapline.matrix import ClientEvent
+from gapline.storage import open_backend
+from tests.e2ee.synapse_peers import ENCRYPTION, NioDevice
+from tests.fixtures.synapse import SynapseKit
+from tests.integration.bot_support import (
+    eventually,
+    make_bot_user,
+    room_events,
+    running_bot,
+    turn_states,
+    wait_joined,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+PASSPHRASE = "correct horse battery staple"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "journal.sqlite3")
+    return request.getfixturevalue("postgres_dsn")
+
+
+async def journal_query(store: str, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    backend = await open_backend(store)
+    try:
+        await JournalStore.open(backend)
+        return await backend.read(lambda tx: tx.all(sql, params))
+    finally:
+        await backend.close()
+
+
+async def journal_row(store: str, principal: str, event_id: str) -> tuple[Any, ...] | None:
+    """(kind, settled, upgraded_from) of one journaled event."""
+    rows = await journal_query(
+        store,
+        "SELECT kind, settled, upgraded_from FROM journal_events"
+        " WHERE principal_id = ? AND event_id = ?",
+        (principal, event_id),
+    )
+    return rows[0] if rows else None
+
+
+async def delivery_rows(store: str, principal: str, turn_id: str) -> list[tuple[Any, ...]]:
+    return await journal_query(
+        store,
+        "SELECT stage, event_type, acked_event_id FROM journal_outbox"
+        " WHERE principal_id = ? AND turn_id = ? ORDER BY seq",
+        (principal, turn_id),
+    )
+
+
+async def hold_back_next_key(nio: NioDevice, room_id: str) -> tuple[dict[str, Any], str]:
+    """Make nio's next messages use a fresh session whose key it believes it shared, but
+    whose to-device messages are held by the test (returned, with the session id)."""
+    c = nio.client
+    olm = nio.olm
+    missing = c.get_missing_sessions(room_id)
+    if missing:
+        await c.keys_claim(missing)
+    if room_id in olm.outbound_group_sessions:
+        olm.rotate_outbound_group_session(room_id)
+    sharing_with, to_device = olm.share_group_session(
+        room_id, list(c.rooms[room_id].users), ignore_unverified_devices=True
+    )
+    outbound = olm.outbound_group_sessions[room_id]
+    outbound.users_shared_with.update(sharing_with)
+    outbound.shared = True
+    return to_device["messages"], outbound.id
+
+
+def nothing_in_the_clear(events: list[ClientEvent], bot_id: str) -> None:
+    """Every message-like event the bot sent into the room is ciphertext."""
+    sent = [e for e in events if e.sender == bot_id and e.state_key is None]
+    assert sent, "the bot sent nothing"
+    assert {e.type for e in sent} == {"m.room.encrypted"}, {e.type for e in sent}
+
+
+def echoes_of(nio: NioDevice, body: str) -> list[str]:
+    """nio's decrypted final edits answering ``body``."""
+    return [eid for eid, text in nio.bodies.items() if text == f"* echo: {body}"]
+
+
+async def test_nio_and_the_bot_talk_encrypted_and_a_late_key_heals_exactly_once(
+    synapse_kit: SynapseKit, tmp_path: Path, store_dsn: str
+) -> None:
+    alice = await synapse_kit.user("alice")
+    bot = await make_bot_user(synapse_kit)
+    nio = await NioDevice.login(synapse_kit.base_url, alice.user_id, tmp_path / "alice-nio")
+    try:
+        async with synapse_kit.client(alice) as client:
+            room = await client.create_room(
+                preset="private_chat", initial_state=[ENCRYPTION], invite=[bot.user_id]
+            )
+            async with running_bot(
+                synapse_kit.base_url,
+                bot.user_id,
+                store_dsn,
+                allow=frozenset({alice.user_id}),
+                passphrase=PASSPHRASE,
+            ) as running:
+                await wait_joined(client, room, bot.user_id)
+                assert running.crypto is not None
+                bot_device = running.crypto.machine.device_id
+                await nio.wait_until(
+                    lambda: room in nio.client.rooms and bot.user_id in nio.client.rooms[room].users
+                )
+                await nio.keys()
+
+                # A message whose key nio holds back: journaled as a decryption failure.
+                held, session_id = await hold_back_next_key(nio, room)
+                late = await nio.send_text(room, "you will read this later")
+
+                async def journaled_as_failure() -> bool:
+                    row = await journal_row(store_dsn, bot.user_id, late)
+                    return row is not None and row[0] == EventKind.DECRYPTION_FAILURE.value
+
+                await eventually(journaled_as_failure, what="the UTD journaled")
+                assert await turn_states(store_dsn, bot.user_id, [late]) == {late: None}
+
+                # The key arrives: the same row is upgraded and answered, once.
+                async with synapse_kit.client(nio.session) as as_nio:
+                    await as_nio.send_to_device("m.room.encrypted", held, "late-key")
+
+                async def answered(event_id: str) -> bool:
+                    states = await turn_states(store_dsn, bot.user_id, [event_id])
+                    return states[event_id] is TurnState.DELIVERED
+
+                await eventually(lambda: answered(late), within=90, what="the late answer")
+                row = await journal_row(store_dsn, bot.user_id, late)
+                assert row is not None
+                assert (row[0], row[2]) == ("actionable", "decryption_failure")
+
+                # A message in the same (now shared) session, decrypted on arrival.
+                hello = await nio.send_text(room, "hello encrypted")
+                await eventually(lambda: answered(hello), within=90, what="the answer")
+                await nio.wait_until(
+                    lambda: (
+                        bool(echoes_of(nio, "hello encrypted"))
+                        and bool(echoes_of(nio, "you will read this later"))
+                    )
+                )
+                for source in (late, hello):
+                    rows = await delivery_rows(store_dsn, bot.user_id, source)
+                    assert [(r[0], r[1]) for r in rows] == [
+                        ("initial", "m.room.encrypted"),
+                        ("final", "m.room.encrypted"),
+                    ]
+                    assert all(r[2] for r in rows)
+                assert session_id
+            events = await room_events(client, room)
+        nothing_in_the_clear(events, bot.user_id)
+        assert len(echoes_of(nio, "you will read this later")) == 1
+        assert len(echoes_of(nio, "hello encrypted")) == 1
+        bot_devices = {
+            e.content.get("device_id") for e in events if e.sender == bot.user_id and e.content
+        }
+        assert bot_devices <= {bot_device, None}
+    finally:
+        await nio.close()
