@@ -20,7 +20,6 @@ from tests.integration.bot_support import (
     make_bot_user,
     room_events,
     running_bot,
-    turn_states,
     wait_joined,
 )
 
@@ -43,6 +42,19 @@ async def journal_query(store: str, sql: str, params: tuple[Any, ...]) -> list[t
         return await backend.read(lambda tx: tx.all(sql, params))
     finally:
         await backend.close()
+
+
+async def turn_states(store: str, principal: str, sources: list[str]) -> dict[str, Any]:
+    """The turn state of each source (read by SQL: the turn's result is sealed)."""
+    out: dict[str, Any] = {}
+    for source in sources:
+        rows = await journal_query(
+            store,
+            "SELECT state FROM journal_turns WHERE principal_id = ? AND source_event_id = ?",
+            (principal, source),
+        )
+        out[source] = TurnState(rows[0][0]) if rows else None
+    return out
 
 
 async def journal_row(store: str, principal: str, event_id: str) -> tuple[Any, ...] | None:
@@ -82,6 +94,17 @@ async def hold_back_next_key(nio: NioDevice, room_id: str) -> tuple[dict[str, An
     outbound.users_shared_with.update(sharing_with)
     outbound.shared = True
     return to_device["messages"], outbound.id
+
+
+def store_bytes(store: str) -> bytes | None:
+    """Every file of a SQLite store (the database, its WAL and shared memory); None on
+    PostgreSQL (its files are the cluster's, grepped by nobody here)."""
+    if store.startswith("postgresql"):
+        return None
+    path = Path(store)
+    return b"".join(
+        p.read_bytes() for p in sorted(path.parent.iterdir()) if p.name.startswith(path.name)
+    )
 
 
 def nothing_in_the_clear(events: list[ClientEvent], bot_id: str) -> None:
@@ -163,6 +186,17 @@ async def test_nio_and_the_bot_talk_encrypted_and_a_late_key_heals_exactly_once(
                     ]
                     assert all(r[2] for r in rows)
                 assert session_id
+                nio_key = nio.olm.outbound_group_sessions[room].session_key
+                bot_key = running.crypto.machine.outbound._sessions[room].session.session_key
+                secrets = [
+                    b"you will read this later",
+                    b"hello encrypted",
+                    str(nio_key).encode()
+                    if isinstance(nio_key, str)
+                    else nio_key.to_base64().encode(),
+                    bot_key.to_base64().encode(),
+                ]
+                data_open = store_bytes(store_dsn)
             events = await room_events(client, room)
         nothing_in_the_clear(events, bot.user_id)
         assert len(echoes_of(nio, "you will read this later")) == 1
@@ -171,5 +205,10 @@ async def test_nio_and_the_bot_talk_encrypted_and_a_late_key_heals_exactly_once(
             e.content.get("device_id") for e in events if e.sender == bot.user_id and e.content
         }
         assert bot_devices <= {bot_device, None}
+        if data_open is not None:  # SQLite: the database and its WAL, open and closed
+            data = data_open + (store_bytes(store_dsn) or b"")
+            assert len(data) > 10_000 and b"m.room.encrypted" in data  # rows are there
+            for secret in secrets:
+                assert secret not in data, secret[:24]
     finally:
         await nio.close()

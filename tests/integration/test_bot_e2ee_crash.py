@@ -27,10 +27,9 @@ from tests.integration.bot_support import (
     eventually,
     make_bot_user,
     room_events,
-    turn_states,
     wait_joined,
 )
-from tests.integration.test_bot_e2ee import nothing_in_the_clear
+from tests.integration.test_bot_e2ee import nothing_in_the_clear, turn_states
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

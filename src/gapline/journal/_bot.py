@@ -208,7 +208,9 @@ class Bot:
         A seam for instrumentation (bench/bot.py wraps it to time each
         transaction); nothing else should need to override it.
         """
-        return store.principal(principal_id)
+        return store.principal(
+            principal_id, sealing=None if self.crypto is None else self.crypto.sealing
+        )
 
     async def leave(self, room_id: str) -> None:
         """Leave a room: fence first (one owed report), then ask the server.

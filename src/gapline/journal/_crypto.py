@@ -42,6 +42,7 @@ from gapline.e2ee import (
 )
 from gapline.journal._faults import CryptoFaultPoint, fault_point
 from gapline.journal._outbox import ENCRYPTED_EVENT_TYPE, seal_delivery
+from gapline.journal._sealing import Sealing, sealing_of
 from gapline.journal._types import Delivery, InboundEvent, JournalError
 from gapline.matrix import (
     ClientEvent,
@@ -166,11 +167,19 @@ async def _server_encryption(client: _StateSource, room_id: str) -> dict[str, An
 class BotCrypto:
     """The bot device's crypto machine on the journal's backend (see the module doc)."""
 
-    def __init__(self, driver: CryptoDriver, client: MatrixClient, principal_id: str) -> None:
+    def __init__(
+        self,
+        driver: CryptoDriver,
+        client: MatrixClient,
+        principal_id: str,
+        sealing: Sealing | None = None,
+    ) -> None:
         self._driver = driver
         self._client = client
         self._p = principal_id
         self.lock = asyncio.Lock()
+        # What the journal seals its contents with (what the bot decrypts stays sealed).
+        self.sealing = sealing or Sealing()
 
     @classmethod
     async def open(
@@ -189,7 +198,8 @@ class BotCrypto:
         cipher = await open_cipher(backend, passphrase)
         store_key = cipher.lookup_key(STORE_KEY_LABEL)
         machine = await open_machine(backend, store_key, user_id=user_id, device_id=device_id)
-        return cls(CryptoDriver(backend, client, store_key, machine), client, user_id)
+        sealing = sealing_of(cipher)
+        return cls(CryptoDriver(backend, client, store_key, machine), client, user_id, sealing)
 
     @property
     def machine(self) -> Any:

@@ -45,7 +45,14 @@ from gapline.journal._sidecar import DEFAULT_SIDECAR_LIMIT
 from gapline.matrix import MatrixError
 from gapline.storage import StorageError
 
-__all__ = ["EXAMPLES", "JsonLogFormatter", "configure", "configure_logging", "run"]
+__all__ = [
+    "EXAMPLES",
+    "JsonLogFormatter",
+    "configure",
+    "configure_logging",
+    "given_passphrase",
+    "run",
+]
 
 log = logging.getLogger("gapline.journal.bot")
 
@@ -144,9 +151,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_log_flags(parser)
 
 
-def _passphrase(args: argparse.Namespace) -> str | None:
+def given_passphrase(args: argparse.Namespace) -> str | None:
     """The store's passphrase from --passphrase-file, --passphrase or $GAPLINE_PASSPHRASE;
-    None (no encrypted rooms) when none gives one. A bot is never asked on a terminal."""
+    None when none gives one (the bot: no encrypted rooms; journal read: an unsealed
+    journal). Never asked on a terminal: most journals have none."""
     if (
         getattr(args, PASSPHRASE.file_dest, None) is None
         and getattr(args, PASSPHRASE.name, None) is None
@@ -168,7 +176,7 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
         args, PASSWORD, prompt=f"password for {args.user}: ", warn=log.warning
     )
     assert password is not None
-    passphrase = _passphrase(args)
+    passphrase = given_passphrase(args)
     config = BotConfig(
         homeserver=args.homeserver,
         user=args.user,
