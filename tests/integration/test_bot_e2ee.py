@@ -5,6 +5,7 @@ arrives late; nothing goes into the room in the clear."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -210,5 +211,62 @@ async def test_nio_and_the_bot_talk_encrypted_and_a_late_key_heals_exactly_once(
             assert len(data) > 10_000 and b"m.room.encrypted" in data  # rows are there
             for secret in secrets:
                 assert secret not in data, secret[:24]
+    finally:
+        await nio.close()
+
+
+async def test_the_bot_rotates_its_session_per_the_rooms_settings(
+    synapse_kit: SynapseKit, tmp_path: Path
+) -> None:
+    """``rotation_period_msgs`` of the room's ``m.room.encryption``: no session of the bot
+    carries more messages than that, none is used again after it was replaced, and nio
+    reads every answer across the rotations."""
+    alice = await synapse_kit.user("alice")
+    bot = await make_bot_user(synapse_kit)
+    store = str(tmp_path / "journal.sqlite3")
+    nio = await NioDevice.login(synapse_kit.base_url, alice.user_id, tmp_path / "alice-nio")
+    settings: dict[str, Any] = {
+        "type": "m.room.encryption",
+        "state_key": "",
+        "content": {"algorithm": "m.megolm.v1.aes-sha2", "rotation_period_msgs": 6},
+    }
+    bodies = ["first", "second", "third"]
+    try:
+        async with synapse_kit.client(alice) as client:
+            room = await client.create_room(
+                preset="private_chat", initial_state=[settings], invite=[bot.user_id]
+            )
+            async with running_bot(
+                synapse_kit.base_url,
+                bot.user_id,
+                store,
+                allow=frozenset({alice.user_id}),
+                passphrase=PASSPHRASE,
+            ):
+                await wait_joined(client, room, bot.user_id)
+                await nio.wait_until(
+                    lambda: room in nio.client.rooms and bot.user_id in nio.client.rooms[room].users
+                )
+
+                async def answered(event_id: str) -> bool:
+                    states = await turn_states(store, bot.user_id, [event_id])
+                    return states[event_id] is TurnState.DELIVERED
+
+                for body in bodies:  # 4 events per answer (placeholder, 2 progress, final)
+                    source = await nio.send_text(room, body)
+                    await eventually(lambda s=source: answered(s), what=f"{body} answered")
+                await nio.wait_until(lambda: all(echoes_of(nio, b) for b in bodies))
+            events = await room_events(client, room)
+        nothing_in_the_clear(events, bot.user_id)
+        sessions: list[str] = [
+            e.content["session_id"]
+            for e in events
+            if e.sender == bot.user_id and e.type == "m.room.encrypted"
+        ]
+        runs = [len(list(group)) for _, group in itertools.groupby(sessions)]
+        assert len(sessions) == 12 and max(runs) <= 6, runs
+        assert len(set(sessions)) == len(runs) >= 2, runs  # never a session used again
+        for body in bodies:
+            assert len(echoes_of(nio, body)) == 1
     finally:
         await nio.close()
