@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gapline.journal import EventKind, JournalStore, TurnState
+from gapline.journal._sealing import SealedContent, open_sealing
 from gapline.matrix import ClientEvent
 from gapline.storage import open_backend
 from tests.e2ee.synapse_peers import ENCRYPTION, NioDevice
@@ -76,6 +77,23 @@ async def delivery_rows(store: str, principal: str, turn_id: str) -> list[tuple[
         " WHERE principal_id = ? AND turn_id = ? ORDER BY seq",
         (principal, turn_id),
     )
+
+
+async def projected_bodies(store: str, principal: str, room_id: str) -> list[str]:
+    """The room's projected conversation, read with the passphrase (its bodies are
+    sealed); without it the read is refused."""
+    backend = await open_backend(store)
+    try:
+        journal_store = await JournalStore.open(backend)
+        with pytest.raises(SealedContent):
+            await journal_store.principal(principal).read_conversation(room_id, None, 50)
+        sealing = await open_sealing(backend, PASSPHRASE)
+        page = await journal_store.principal(principal, sealing=sealing).read_conversation(
+            room_id, None, 50
+        )
+        return [row.body for row in page.rows]
+    finally:
+        await backend.close()
 
 
 async def hold_back_next_key(nio: NioDevice, room_id: str) -> tuple[dict[str, Any], str]:
@@ -200,6 +218,9 @@ async def test_nio_and_the_bot_talk_encrypted_and_a_late_key_heals_exactly_once(
                 data_open = store_bytes(store_dsn)
             events = await room_events(client, room)
         nothing_in_the_clear(events, bot.user_id)
+        bodies = await projected_bodies(store_dsn, bot.user_id, room)
+        for body in ("you will read this later", "hello encrypted"):
+            assert body in bodies and f"echo: {body}" in bodies, bodies
         assert len(echoes_of(nio, "you will read this later")) == 1
         assert len(echoes_of(nio, "hello encrypted")) == 1
         bot_devices = {

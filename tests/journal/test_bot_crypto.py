@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -14,7 +14,7 @@ from gapline.cli import main
 from gapline.e2ee import CorruptCryptoStore, CryptoStoreError
 from gapline.journal._crypto import BotCrypto
 from gapline.journal._sealing import SealedContent, Sealing, open_sealing
-from gapline.matrix import MatrixClient
+from gapline.matrix import ClientEvent, MatrixClient
 from gapline.storage import Backend, StoreCipher, WrongPassphrase, open_backend
 
 BOT = "@bot:localhost"
@@ -160,3 +160,39 @@ def test_gapline_bot_says_wrong_passphrase_before_the_network(
         ]
     )
     assert code == 0  # the right passphrase opens the sealed journal
+
+
+@pytest.mark.parametrize("leaves", [True, False])
+def test_a_leave_seen_by_ingress_rotates_the_bots_session(leaves: bool) -> None:
+    """What ingress hands ``BotCrypto.observe`` for a room (state and timeline) reaches the
+    machine: a member leaving who had the session retires it, so the next answer goes out
+    under a new one. The control (no leave seen) keeps the session."""
+    from gapline.e2ee import CryptoDriver
+    from tests.e2ee.harness import Clock, connected, online
+    from tests.e2ee.keyserver import KeyServer
+
+    alice, _bob, _carol = online(
+        KeyServer(), Clock(), ("@alice:x", "A1"), ("@bob:x", "B1"), ("@carol:x", "C1")
+    )
+    room = connected([alice, _bob, _carol])
+    before = alice.send(room, "all three")
+    driver = CryptoDriver(cast(Any, None), cast(Any, None), alice.store_key, alice.machine)
+    crypto = BotCrypto(driver, cast(Any, None), "@alice:x")
+    membership = "leave" if leaves else "join"
+    crypto.observe(
+        room.room_id,
+        [
+            ClientEvent(
+                event_id="$m",
+                type="m.room.member",
+                sender="@carol:x",
+                origin_server_ts=1,
+                content={"membership": membership},
+                state_key="@carol:x",
+            )
+        ],
+    )
+    report = alice.share(room)  # the same member list: only the leave can rotate it
+    assert report.rotated is leaves
+    after = alice.send(room, "next")
+    assert (after.content["session_id"] != before.content["session_id"]) is leaves
