@@ -291,3 +291,69 @@ async def test_the_bot_rotates_its_session_per_the_rooms_settings(
             assert len(echoes_of(nio, body)) == 1
     finally:
         await nio.close()
+
+
+@pytest.mark.parametrize("with_passphrase", [True, False])
+async def test_a_room_that_becomes_encrypted_is_never_answered_in_the_clear(
+    synapse_kit: SynapseKit, tmp_path: Path, with_passphrase: bool
+) -> None:
+    """``m.room.encryption`` arriving mid-session is honoured: with a passphrase the next
+    answer is encrypted (and nio reads it); without one nothing more is sent at all, the
+    answer's row stays unsent (fail closed), and a message nio encrypts is journaled as a
+    decryption failure and never answered."""
+    alice = await synapse_kit.user("alice")
+    bot = await make_bot_user(synapse_kit)
+    store = str(tmp_path / "journal.sqlite3")
+    nio = await NioDevice.login(synapse_kit.base_url, alice.user_id, tmp_path / "alice-nio")
+    try:
+        async with synapse_kit.client(alice) as client:
+            room = await client.create_room(preset="private_chat", invite=[bot.user_id])
+            async with running_bot(
+                synapse_kit.base_url,
+                bot.user_id,
+                store,
+                allow=frozenset({alice.user_id}),
+                passphrase=PASSPHRASE if with_passphrase else None,
+            ):
+                await wait_joined(client, room, bot.user_id)
+
+                async def answered(event_id: str) -> bool:
+                    states = await turn_states(store, bot.user_id, [event_id])
+                    return states[event_id] is TurnState.DELIVERED
+
+                plain = await client.send_text(room, "before")
+                await eventually(lambda: answered(plain), what="the plaintext answer")
+                switched = await client.put_state(
+                    room, "m.room.encryption", {"algorithm": "m.megolm.v1.aes-sha2"}
+                )
+                # alice's plain client still sends in the clear: the bot's answer must not.
+                after = await client.send_text(room, "after the switch")
+
+                async def rows_for_after() -> list[tuple[Any, ...]] | None:
+                    rows = await delivery_rows(store, bot.user_id, after)
+                    return rows or None
+
+                if with_passphrase:
+                    await eventually(lambda: answered(after), what="the encrypted answer")
+                    await nio.wait_until(lambda: bool(echoes_of(nio, "after the switch")))
+                else:
+                    rows = await eventually(rows_for_after, what="the answer's row")
+                    nio_event = await nio.send_text(room, "encrypted by nio")
+
+                    async def journaled_as_failure() -> bool:
+                        row = await journal_row(store, bot.user_id, nio_event)
+                        return row is not None and row[0] == EventKind.DECRYPTION_FAILURE.value
+
+                    await eventually(journaled_as_failure, what="nio's message, undecryptable")
+                    rows = await delivery_rows(store, bot.user_id, after)
+                    assert rows and all(r[2] is None for r in rows), rows  # never sent
+                    assert await turn_states(store, bot.user_id, [nio_event]) == {nio_event: None}
+            events = await room_events(client, room)
+        at = next(i for i, e in enumerate(events) if e.event_id == switched)
+        sent_after = [e for e in events[at:] if e.sender == bot.user_id and e.state_key is None]
+        if with_passphrase:
+            assert sent_after and {e.type for e in sent_after} == {"m.room.encrypted"}
+        else:
+            assert sent_after == []
+    finally:
+        await nio.close()

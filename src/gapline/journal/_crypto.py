@@ -178,6 +178,9 @@ class BotCrypto:
         self._client = client
         self._p = principal_id
         self.lock = asyncio.Lock()
+        # Rooms the homeserver said are not encrypted: asked once. Safe to keep, because
+        # an m.room.encryption arriving later reaches the machine, which is asked first.
+        self._plain: set[str] = set()
         # What the journal seals its contents with (what the bot decrypts stays sealed).
         self.sealing = sealing or Sealing()
 
@@ -286,8 +289,11 @@ class BotCrypto:
         machine = self._driver.machine
         if machine.is_room_encrypted(room_id):
             return True
+        if room_id in self._plain:
+            return False
         content = await _server_encryption(self._client, room_id)
         if content is None:
+            self._plain.add(room_id)
             return False
         machine.set_room_encryption(room_id, content)
         await self.commit()
