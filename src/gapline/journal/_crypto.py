@@ -36,6 +36,7 @@ from gapline.e2ee import (
     EncryptionRefused,
     KeyUpdates,
     SendResult,
+    ShareReport,
     ShareState,
     UnableToDecrypt,
     open_machine,
@@ -324,25 +325,7 @@ class BotCrypto:
         except EncryptionRefused as exc:
             raise EncryptionUnavailable(f"nothing sent in the clear: {exc}") from exc
 
-    async def _share(self, room_id: str, joined: list[str]) -> Any:
-        """`CryptoMachine.share_room_key` driven to READY: query, claim, then the new key's
-        to-device messages, committed (queued) before any is sent."""
-        machine = self._driver.machine
-        for _ in range(6):
-            report = machine.share_room_key(room_id, joined)
-            if report.state is ShareState.READY:
-                await self.commit()
-                if report.shared_with or report.withheld:
-                    fault_point(CryptoFaultPoint.AFTER_KEY_SHARE_BEFORE_TO_DEVICE)
-            result = await self._send()
-            if report.state is ShareState.READY:
-                if result.failed:
-                    raise result.failed[0][1]
-                return report
-            machine = self._driver.machine
-        raise MatrixError(f"sharing the room key of {room_id} did not settle")
-
-    async def _share(self, room_id: str, joined: list[str]) -> Any:
+    async def _share(self, room_id: str, joined: list[str]) -> ShareReport:
         """`CryptoMachine.share_room_key` driven to READY: query, claim, then the new key's
         to-device messages, committed (queued) before any is sent."""
         machine = self._driver.machine
