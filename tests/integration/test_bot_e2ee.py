@@ -357,3 +357,71 @@ async def test_a_room_that_becomes_encrypted_is_never_answered_in_the_clear(
             assert sent_after == []
     finally:
         await nio.close()
+
+
+async def test_a_member_leaving_rotates_the_bots_session(
+    synapse_kit: SynapseKit, tmp_path: Path
+) -> None:
+    """bob (a nio device) reads the bot's answers while he is in the room; once he left,
+    the bot's next answer goes out under a new session (never one bob holds), which
+    alice's device reads."""
+    alice = await synapse_kit.user("alice")
+    bob = await synapse_kit.user("bob")
+    bot = await make_bot_user(synapse_kit)
+    store = str(tmp_path / "journal.sqlite3")
+    nio = await NioDevice.login(synapse_kit.base_url, alice.user_id, tmp_path / "alice-nio")
+    bob_nio = await NioDevice.login(synapse_kit.base_url, bob.user_id, tmp_path / "bob-nio")
+    try:
+        async with synapse_kit.client(alice) as client:
+            room = await client.create_room(
+                preset="private_chat",
+                initial_state=[ENCRYPTION],
+                invite=[bob.user_id, bot.user_id],
+            )
+            await bob_nio.client.join(room)
+            async with running_bot(
+                synapse_kit.base_url,
+                bot.user_id,
+                store,
+                allow=frozenset({alice.user_id}),
+                passphrase=PASSPHRASE,
+            ):
+                await wait_joined(client, room, bot.user_id)
+                await nio.wait_until(
+                    lambda: room in nio.client.rooms and bot.user_id in nio.client.rooms[room].users
+                )
+                await bob_nio.step()
+
+                async def answered(event_id: str) -> bool:
+                    states = await turn_states(store, bot.user_id, [event_id])
+                    return states[event_id] is TurnState.DELIVERED
+
+                first = await nio.send_text(room, "while bob is here")
+                await eventually(lambda: answered(first), what="the first answer")
+                await bob_nio.wait_until(lambda: bool(echoes_of(bob_nio, "while bob is here")))
+                await bob_nio.client.room_leave(room)
+                await nio.wait_until(lambda: bob.user_id not in nio.client.rooms[room].users)
+                second = await nio.send_text(room, "bob is gone")
+                await eventually(lambda: answered(second), what="the second answer")
+                await nio.wait_until(lambda: bool(echoes_of(nio, "bob is gone")))
+            events = await room_events(client, room)
+        left = next(
+            i
+            for i, e in enumerate(events)
+            if e.type == "m.room.member"
+            and e.state_key == bob.user_id
+            and e.content.get("membership") == "leave"
+        )
+
+        def bot_sessions(part: list[ClientEvent]) -> set[str]:
+            return {
+                e.content["session_id"]
+                for e in part
+                if e.sender == bot.user_id and e.type == "m.room.encrypted"
+            }
+
+        before, after = bot_sessions(events[:left]), bot_sessions(events[left:])
+        assert before and after and not (before & after), (before, after)
+    finally:
+        await nio.close()
+        await bob_nio.close()
