@@ -145,6 +145,12 @@ def test_gapline_bot_says_wrong_passphrase_before_the_network(
     assert "passphrase" in failed["error"]
     assert not any(r["msg"] == "logged in" for r in records)
     assert "Traceback" not in err
+    # Without its passphrase the bot would read ciphertext: refused, also before the network.
+    assert main(_bot(store, right)[:-2]) == 1
+    err = capsys.readouterr().err
+    failed = json.loads(err.splitlines()[-1])
+    assert failed["error_type"] == "SealedContent" and "passphrase" in failed["error"]
+    assert "Traceback" not in err
     code = main(
         [
             "journal",

@@ -41,6 +41,7 @@ from gapline.journal._hydration import Hydrator
 from gapline.journal._ingress import Ingress, IngressPolicy, RuntimeState
 from gapline.journal._reader import ConversationReader
 from gapline.journal._refetch import PointRefetcher
+from gapline.journal._sealing import require_no_seal
 from gapline.journal._sidecar import DEFAULT_SIDECAR_LIMIT
 from gapline.journal._store import JournalStore, PrincipalJournal
 from gapline.journal._turns import TurnRunner
@@ -114,7 +115,9 @@ class Bot:
             await state.save_device_id(device_id)
         async with MatrixClient(self.config.homeserver, transport=self.transport) as client:
             crypto = None
-            if self.config.passphrase is not None:
+            if self.config.passphrase is None:
+                await require_no_seal(backend, self.config.user)
+            else:
                 # Before the login: a wrong passphrase or a damaged crypto store fails here,
                 # with nothing sent and nothing loaded.
                 crypto = await BotCrypto.open(

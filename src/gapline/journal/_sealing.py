@@ -37,7 +37,14 @@ from gapline.journal._types import (
 )
 from gapline.storage import Backend, StorageError, StoreCipher, open_cipher
 
-__all__ = ["SEALING_LABEL", "SealedContent", "Sealing", "open_sealing", "sealing_of"]
+__all__ = [
+    "SEALING_LABEL",
+    "SealedContent",
+    "Sealing",
+    "open_sealing",
+    "require_no_seal",
+    "sealing_of",
+]
 
 SEALING_LABEL = "gapline/journal/contents/v1"
 """The journal's content key is the store cipher's keyed hash of this label."""
@@ -152,3 +159,18 @@ async def open_sealing(backend: Backend, passphrase: str) -> Sealing:
     if row is None:
         raise SealedContent("this journal has no passphrase: open it without one")
     return sealing_of(await open_cipher(backend, passphrase))
+
+
+async def require_no_seal(backend: Backend, user_id: str) -> None:
+    """Raise `SealedContent` when ``user_id`` ran on this database with a passphrase (its
+    device's encryption state is here, and its contents are sealed): starting it without
+    one would show it ciphertext. Other principals of the database are not concerned."""
+    try:
+        row = await backend.read(lambda tx: tx.one("SELECT user_id FROM e2ee_account WHERE id = 1"))
+    except StorageError:
+        return  # no encryption state in this database at all
+    if row is not None and row[0] == user_id:
+        raise SealedContent(
+            f"{user_id} keeps its encryption state and sealed contents in this journal: "
+            "start it with its passphrase (--passphrase-file FILE or $GAPLINE_PASSPHRASE)"
+        )

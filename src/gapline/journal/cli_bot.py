@@ -42,6 +42,7 @@ from gapline.e2ee import E2eeError
 from gapline.journal._bot import Bot, BotConfig
 from gapline.journal._handlers import BUILTIN_HANDLERS, HandlerError, resolve_handler
 from gapline.journal._sidecar import DEFAULT_SIDECAR_LIMIT
+from gapline.journal._types import JournalError
 from gapline.matrix import MatrixError
 from gapline.storage import StorageError
 
@@ -228,7 +229,7 @@ async def _until_signal(bot: Bot) -> int:
         main.uncancel()
         log.info("stopped", extra={"uptime_s": round(time.monotonic() - started, 1)})
         return Exit.OK
-    except (MatrixError, StorageError, E2eeError) as exc:
+    except (MatrixError, StorageError, E2eeError, JournalError) as exc:
         log.error("bot failed", extra={"error": str(exc), "error_type": type(exc).__name__})
         return Exit.FAILED
     finally:
