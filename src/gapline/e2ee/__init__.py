@@ -22,6 +22,16 @@ from ._errors import (
     UnsavedChanges,
     WrongStoreKey,
 )
+from ._key_export import (
+    ExportedSession,
+    ImportReport,
+    KeyExportError,
+    KeyExportProblem,
+    decrypt_key_file,
+    encrypt_key_file,
+    export_room_keys,
+    import_room_keys,
+)
 from ._machine import CryptoMachine
 from ._open import open_machine
 from ._schema import E2EE_MIGRATIONS, E2EE_SCHEMA
@@ -63,6 +73,10 @@ __all__ = [
     "EncryptionRefused",
     "EncryptionRefusedReason",
     "EncryptionSettings",
+    "ExportedSession",
+    "ImportReport",
+    "KeyExportError",
+    "KeyExportProblem",
     "KeyUpdates",
     "OutgoingRequest",
     "Refusal",
@@ -80,6 +94,10 @@ __all__ = [
     "UtdReason",
     "WrongStoreKey",
     "canonical_json",
+    "decrypt_key_file",
+    "encrypt_key_file",
+    "export_room_keys",
+    "import_room_keys",
     "load_state",
     "merge_updates",
     "open_machine",
