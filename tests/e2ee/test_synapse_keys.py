@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from gapline.e2ee import UtdReason, export_room_keys, import_room_keys
+from gapline.e2ee import (
+    BACKUP_SECRET,
+    UtdReason,
+    WrongRecoveryKey,
+    encode_recovery_key,
+    export_room_keys,
+    import_room_keys,
+    recover_from_server,
+    set_up_recovery,
+)
 
 from . import test_synapse_nio
 from .test_synapse_nio import Scene
@@ -44,3 +53,22 @@ async def test_key_files_cross_between_nio_and_gapline(scene: Scene, tmp_path: P
     await late.client.import_keys(str(gapline_file), "correct horse")
     await late.retry_undecryptable()
     assert late.bodies[from_gapline] == "sent before the second nio device"
+
+
+async def test_recovery_through_secret_storage_on_synapse(scene: Scene) -> None:
+    alice = await scene.kit.user("alice")
+    first = await scene.gapline_device(alice, "first")
+    first.machine.vault.put(BACKUP_SECRET, "a2VwdC1ieS10aGUtZmlyc3QtZGV2aWNl")
+    assert first.driver is not None
+    await first.driver.commit()
+    setup = await set_up_recovery(first.driver)
+    assert setup.secrets == (BACKUP_SECRET,)
+    second = await scene.gapline_device(await scene.kit.server.login(alice.user_id), "second")
+    assert second.driver is not None
+    with pytest.raises(WrongRecoveryKey):
+        await recover_from_server(second.driver, recovery_key=encode_recovery_key(bytes(32)))
+    assert second.machine.vault.names() == []
+    names = await recover_from_server(second.driver, recovery_key=setup.recovery_key)
+    assert names == (BACKUP_SECRET,)
+    await second.restart(scene.kit.base_url)  # kept in the store, not only in memory
+    assert second.machine.vault.get(BACKUP_SECRET) == "a2VwdC1ieS10aGUtZmlyc3QtZGV2aWNl"

@@ -22,6 +22,11 @@ from ._errors import (
     UnsavedChanges,
     WrongStoreKey,
 )
+from ._key_driver import (
+    fetch_secret_storage,
+    recover_from_server,
+    set_up_recovery,
+)
 from ._key_export import (
     ExportedSession,
     ImportReport,
@@ -34,7 +39,24 @@ from ._key_export import (
 )
 from ._machine import CryptoMachine
 from ._open import open_machine
+from ._recovery import (
+    RECOVERABLE_SECRETS,
+    RecoverySetup,
+    SecretStorageState,
+    recover,
+    setup_recovery,
+)
+from ._recovery_key import (
+    RecoveryKeyInvalid,
+    decode_recovery_key,
+    encode_recovery_key,
+)
 from ._schema import E2EE_MIGRATIONS, E2EE_SCHEMA
+from ._secret_storage import (
+    SecretStorageError,
+    SecretStorageKey,
+    WrongRecoveryKey,
+)
 from ._store import StoredState, load_state, save_changes
 from ._types import (
     MEGOLM,
@@ -55,12 +77,24 @@ from ._types import (
     UnableToDecrypt,
     UtdReason,
 )
+from ._vault import (
+    BACKUP_SECRET,
+    MASTER_SECRET,
+    SELF_SIGNING_SECRET,
+    USER_SIGNING_SECRET,
+    SecretVault,
+)
 
 __all__ = [
+    "BACKUP_SECRET",
     "E2EE_MIGRATIONS",
     "E2EE_SCHEMA",
+    "MASTER_SECRET",
     "MEGOLM",
     "OLM",
+    "RECOVERABLE_SECRETS",
+    "SELF_SIGNING_SECRET",
+    "USER_SIGNING_SECRET",
     "Changes",
     "CorruptCryptoStore",
     "CryptoDriver",
@@ -79,10 +113,16 @@ __all__ = [
     "KeyExportProblem",
     "KeyUpdates",
     "OutgoingRequest",
+    "RecoveryKeyInvalid",
+    "RecoverySetup",
     "Refusal",
     "RefusalCode",
     "RequestKind",
     "RoomKeyId",
+    "SecretStorageError",
+    "SecretStorageKey",
+    "SecretStorageState",
+    "SecretVault",
     "SendResult",
     "ShareReport",
     "ShareState",
@@ -92,15 +132,23 @@ __all__ = [
     "UnknownRequest",
     "UnsavedChanges",
     "UtdReason",
+    "WrongRecoveryKey",
     "WrongStoreKey",
     "canonical_json",
+    "decode_recovery_key",
     "decrypt_key_file",
+    "encode_recovery_key",
     "encrypt_key_file",
     "export_room_keys",
+    "fetch_secret_storage",
     "import_room_keys",
     "load_state",
     "merge_updates",
     "open_machine",
+    "recover",
+    "recover_from_server",
     "save_changes",
+    "set_up_recovery",
+    "setup_recovery",
     "signing_bytes",
 ]

@@ -73,6 +73,7 @@ from ._types import (
     ShareState,
     UnableToDecrypt,
 )
+from ._vault import SecretVault
 
 __all__ = ["CryptoMachine"]
 
@@ -118,6 +119,7 @@ class CryptoMachine:
         self._claim_wanted: dict[tuple[str, str], Device] = {}
         self._no_olm: dict[tuple[str, str], int] = {}  # device -> when its claim came back empty
         self._requery: set[str] = set()
+        self.vault = SecretVault(keys)  # private keys held: backup key, cross-signing seeds
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -176,6 +178,8 @@ class CryptoMachine:
             machine.outbound.load(state.rooms, state.outbound_sessions, state.shares)
             part = "pending to-device events"
             machine.receiver.load(state.pending)
+            part = "held secrets"
+            machine.vault.load(state.secrets)
         except (
             ValueError,
             KeyError,
@@ -459,6 +463,7 @@ class CryptoMachine:
             or self.inbound.dirty
             or self.outbound.dirty
             or self.receiver.dirty
+            or self.vault.dirty
             or bool(self._outgoing_added or self._outgoing_removed)
         )
 
@@ -477,6 +482,7 @@ class CryptoMachine:
         self.inbound.drain(out)
         self.outbound.drain(out)
         self.receiver.drain(out)
+        self.vault.drain(out)
         out.add(
             "outgoing_added",
             *(self._outgoing[r] for r in sorted(self._outgoing_added) if r in self._outgoing),
