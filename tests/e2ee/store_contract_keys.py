@@ -19,6 +19,9 @@ from gapline.e2ee import (
 )
 from gapline.storage import Backend
 
+from .harness import Room
+from .store_contract import paired
+
 
 class KeyStoreContract:
     async def test_held_secrets_survive_a_restart_sealed(self, db: Backend) -> None:
@@ -47,3 +50,33 @@ class KeyStoreContract:
         await db.write(lambda tx: tx.execute("UPDATE e2ee_secrets SET name = ?", (MASTER_SECRET,)))
         with pytest.raises(CorruptCryptoStore, match="held secrets"):
             await open_machine(db, key, user_id="@a:x", device_id="D")
+
+    async def test_a_backup_upload_resumes_after_a_crash_without_repeats(self, db: Backend) -> None:
+        _server, _clock, alice, bob, _room = await paired(db)
+        for i in range(3):
+            extra = Room(f"!extra{i}:x")
+            alice.join(extra)
+            bob.join(extra)
+            alice.send(extra, f"in room {i}")
+        bob.sync()
+        held = set(bob.machine.inbound.identifiers())
+        assert len(held) >= 3
+        bob.machine.backup.create_version()
+        bob.machine.backup.version_created("1")
+        uploaded: list[tuple[str, str]] = []
+        first = bob.machine.backup.next_upload(batch=2)
+        assert first is not None
+        uploaded += [(r, s) for r, s, _i in first.sessions]
+        bob.machine.backup.upload_done(first)
+        await bob.flush()  # the first batch's answer is committed
+        lost = bob.machine.backup.next_upload(batch=2)
+        assert lost is not None  # sent, the process dies before its answer is committed
+        await bob.reopen_without_flushing()
+        assert bob.machine.backup.version == "1"
+        assert bob.machine.backup.pending == len(held) - 2
+        rest = []
+        while (upload := bob.machine.backup.next_upload(batch=2)) is not None:
+            rest += [(r, s) for r, s, _i in upload.sessions]
+            bob.machine.backup.upload_done(upload)
+        assert sorted(uploaded + rest) == sorted(held)  # each once (besides the lost batch)
+        assert not set(uploaded) & set(rest)

@@ -9,8 +9,23 @@ caused them. `open_machine` loads it from a `gapline.storage` backend;
 Primitives are vodozemac's; see docs/e2ee.md.
 """
 
+from ._backup import (
+    BackupTrust,
+    BackupUpload,
+    KeyBackup,
+    RestoreReport,
+)
+from ._backup_crypto import (
+    BACKUP_ALGORITHM,
+    BackupEntryInvalid,
+    BackupKey,
+)
 from ._canonical import canonical_json, signing_bytes
 from ._changes import Changes
+from ._cross_signing import (
+    CrossSigning,
+    CrossSigningBootstrap,
+)
 from ._driver import CryptoDriver, SendResult, merge_updates
 from ._errors import (
     CorruptCryptoStore,
@@ -23,9 +38,15 @@ from ._errors import (
     WrongStoreKey,
 )
 from ._key_driver import (
+    bootstrap_cross_signing,
+    enable_backup,
     fetch_secret_storage,
     recover_from_server,
+    restore_backup,
     set_up_recovery,
+    sign_own_device,
+    upload_backup,
+    verify_user,
 )
 from ._key_export import (
     ExportedSession,
@@ -86,6 +107,7 @@ from ._vault import (
 )
 
 __all__ = [
+    "BACKUP_ALGORITHM",
     "BACKUP_SECRET",
     "E2EE_MIGRATIONS",
     "E2EE_SCHEMA",
@@ -95,8 +117,14 @@ __all__ = [
     "RECOVERABLE_SECRETS",
     "SELF_SIGNING_SECRET",
     "USER_SIGNING_SECRET",
+    "BackupEntryInvalid",
+    "BackupKey",
+    "BackupTrust",
+    "BackupUpload",
     "Changes",
     "CorruptCryptoStore",
+    "CrossSigning",
+    "CrossSigningBootstrap",
     "CryptoDriver",
     "CryptoMachine",
     "CryptoStoreError",
@@ -109,6 +137,7 @@ __all__ = [
     "EncryptionSettings",
     "ExportedSession",
     "ImportReport",
+    "KeyBackup",
     "KeyExportError",
     "KeyExportProblem",
     "KeyUpdates",
@@ -118,6 +147,7 @@ __all__ = [
     "Refusal",
     "RefusalCode",
     "RequestKind",
+    "RestoreReport",
     "RoomKeyId",
     "SecretStorageError",
     "SecretStorageKey",
@@ -134,9 +164,11 @@ __all__ = [
     "UtdReason",
     "WrongRecoveryKey",
     "WrongStoreKey",
+    "bootstrap_cross_signing",
     "canonical_json",
     "decode_recovery_key",
     "decrypt_key_file",
+    "enable_backup",
     "encode_recovery_key",
     "encrypt_key_file",
     "export_room_keys",
@@ -147,8 +179,12 @@ __all__ = [
     "open_machine",
     "recover",
     "recover_from_server",
+    "restore_backup",
     "save_changes",
     "set_up_recovery",
     "setup_recovery",
+    "sign_own_device",
     "signing_bytes",
+    "upload_backup",
+    "verify_user",
 ]

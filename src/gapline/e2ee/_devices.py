@@ -121,6 +121,15 @@ class DeviceTracker:
     def by_curve25519(self, key: str) -> Device | None:
         return self._by_curve.get(key)
 
+    def cross_signing_keys(self, user_id: str) -> dict[str, Any]:
+        """The user's accepted cross-signing keys as received (master, self_signing, ...)."""
+        return self._cross.get(user_id, {})
+
+    def raw_device_keys(self, user_id: str, device_id: str) -> dict[str, Any] | None:
+        """A device's signed keys object as received."""
+        raw = self._raw.get((user_id, device_id))
+        return None if raw is None else json.loads(raw)
+
     def devices_of(self, user_id: str, *, include_deleted: bool = False) -> list[Device]:
         devices = self._devices.get(user_id, {}).values()
         return sorted(

@@ -9,12 +9,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from gapline.matrix import NotFound, Request
+from gapline.matrix import (
+    BackupVersionResponse,
+    MatrixError,
+    NotFound,
+    Request,
+    RoomKeysResponse,
+    RoomKeysUpdateResponse,
+    crypto_api,
+)
 
+from ._backup import BackupTrust, RestoreReport
 from ._driver import CryptoDriver
 from ._recovery import RecoverySetup, SecretStorageState, recover, setup_recovery
 
-__all__ = ["fetch_secret_storage", "recover_from_server", "set_up_recovery"]
+__all__ = [
+    "bootstrap_cross_signing",
+    "enable_backup",
+    "fetch_secret_storage",
+    "recover_from_server",
+    "restore_backup",
+    "set_up_recovery",
+    "sign_own_device",
+    "upload_backup",
+    "verify_user",
+]
 
 
 async def _json_or_none(driver: CryptoDriver, request: Request) -> dict[str, Any] | None:
@@ -56,3 +75,120 @@ async def recover_from_server(
     names = recover(driver.machine, state, recovery_key=recovery_key, passphrase=passphrase)
     await driver.commit()
     return names
+
+
+async def _current_version(driver: CryptoDriver) -> BackupVersionResponse | None:
+    try:
+        return await driver.client.request(
+            crypto_api.room_keys_version_get(), BackupVersionResponse
+        )
+    except NotFound:
+        return None
+
+
+async def enable_backup(driver: CryptoDriver, *, create: bool = True) -> BackupTrust | None:
+    """Use the server's current backup version if it is trusted, or create one.
+
+    A created version's key is committed (in the vault) before the version is
+    created, so a crash in between leaves a version whose key this device holds.
+    ``None``: there is no version and ``create`` is false."""
+    machine = driver.machine
+    current = await _current_version(driver)
+    if current is None:
+        if not create:
+            machine.backup.no_version()
+            await driver.commit()
+            return None
+        request = machine.backup.create_version(machine.cross_signing.sign_with_master)
+        await driver.commit()
+        created = await driver.client.request(request, crypto_api.BackupVersionCreated)
+        driver.machine.backup.version_created(created.version)
+        await driver.commit()
+        return BackupTrust(created.version, True, "created by this device")
+    trust = machine.backup.use_version(current)
+    await driver.commit()
+    return trust
+
+
+async def upload_backup(driver: CryptoDriver, *, batch: int = 200) -> int:
+    """Upload every pending session in batches, committing after each; how many went up."""
+    sent = 0
+    while (upload := driver.machine.backup.next_upload(batch)) is not None:
+        try:
+            await driver.client.request(upload.request, RoomKeysUpdateResponse)
+        except MatrixError:
+            driver.machine.backup.upload_failed(upload)
+            raise
+        driver.machine.backup.upload_done(upload)
+        await driver.commit()
+        sent += len(upload.sessions)
+    return sent
+
+
+async def restore_backup(driver: CryptoDriver, *, version: str | None = None) -> RestoreReport:
+    """Download the backup (the current version, or ``version``), decrypt it with the held
+    key and import it; committed at once, so a crash leaves nothing half-restored."""
+    if version is None:
+        current = await _current_version(driver)
+        if current is None:
+            raise NotFound(404, "M_NOT_FOUND", "the account has no key backup")
+        version = current.version
+    answer = await driver.client.request(crypto_api.room_keys_get(version), RoomKeysResponse)
+    report = driver.machine.backup.restore(version, answer)
+    await driver.commit()
+    return report
+
+
+async def _publish_signatures(driver: CryptoDriver, body: Any) -> None:
+    answer = await driver.client.request(
+        crypto_api.signatures_upload(body), crypto_api.SignaturesUploadResponse
+    )
+    if answer.failures:
+        raise MatrixError(f"the server refused signatures: {answer.failures}")
+
+
+async def _requery(driver: CryptoDriver, user_id: str) -> None:
+    machine = driver.machine
+    machine.update_tracked_users([user_id])
+    machine.receive_sync_changes(changed=[user_id])
+    result = await driver.send_outgoing()
+    if result.failed:
+        raise result.failed[0][1]
+
+
+async def bootstrap_cross_signing(driver: CryptoDriver, *, password: str) -> str:
+    """New cross-signing keys for the user, published with the account password, and this
+    device signed with them; the master public key.
+
+    The seeds are committed before the upload; if the server refuses it they are dropped."""
+    boot = driver.machine.cross_signing.bootstrap()
+    await driver.commit()
+    try:
+        await driver.client.device_signing_upload(boot.keys, password=password)
+    except MatrixError:
+        driver.machine.cross_signing.forget()
+        await driver.commit()
+        raise
+    await _requery(driver, driver.machine.user_id)
+    await sign_own_device(driver)
+    return boot.master_key
+
+
+async def sign_own_device(driver: CryptoDriver) -> None:
+    """Sign this device with the held self-signing key (after bootstrap or recovery)."""
+    body = driver.machine.cross_signing.sign_own_device()
+    if body is None:
+        raise ValueError("no self-signing key is held: bootstrap or recover first")
+    await _publish_signatures(driver, body)
+    await _requery(driver, driver.machine.user_id)
+
+
+async def verify_user(driver: CryptoDriver, user_id: str) -> None:
+    """Sign ``user_id``'s master key with our user-signing key (after verifying them)."""
+    await _requery(driver, user_id)
+    body = driver.machine.cross_signing.sign_user(user_id)
+    if body is None:
+        raise ValueError(f"{user_id} has no master key, or no user-signing key is held")
+    await _publish_signatures(driver, body)
+    await _requery(driver, user_id)
+    await _requery(driver, driver.machine.user_id)

@@ -30,7 +30,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gapline.matrix import (
@@ -44,8 +44,10 @@ from gapline.matrix import (
 )
 
 from ._account import SIGNED_CURVE25519, AccountMachine
+from ._backup import KeyBackup
 from ._canonical import SignatureInvalid, verify_signature
 from ._changes import ChangeBuilder, Changes, OutgoingRecord
+from ._cross_signing import CrossSigning
 from ._devices import DeviceTracker
 from ._errors import (
     CorruptCryptoStore,
@@ -120,6 +122,8 @@ class CryptoMachine:
         self._no_olm: dict[tuple[str, str], int] = {}  # device -> when its claim came back empty
         self._requery: set[str] = set()
         self.vault = SecretVault(keys)  # private keys held: backup key, cross-signing seeds
+        self.cross_signing = CrossSigning(account, self.devices, self.vault)
+        self.backup = KeyBackup(self.inbound, self.vault, self.devices, account, self.cross_signing)
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -180,6 +184,8 @@ class CryptoMachine:
             machine.receiver.load(state.pending)
             part = "held secrets"
             machine.vault.load(state.secrets)
+            part = "key backup state"
+            machine.backup.load(state.backup_version, state.backed_up)
         except (
             ValueError,
             KeyError,
@@ -207,10 +213,12 @@ class CryptoMachine:
 
     def devices_of(self, user_id: str) -> list[Device]:
         """A user's current devices with their trust level (for a device list)."""
-        return self.devices.devices_of(user_id)
+        trust = self.cross_signing.trust_of
+        return [replace(d, trust=trust(d)) for d in self.devices.devices_of(user_id)]
 
     def device(self, user_id: str, device_id: str) -> Device | None:
-        return self.devices.get(user_id, device_id)
+        d = self.devices.get(user_id, device_id)
+        return None if d is None else replace(d, trust=self.cross_signing.trust_of(d))
 
     # -- what the homeserver said ---------------------------------------------------------------
 
@@ -464,6 +472,7 @@ class CryptoMachine:
             or self.outbound.dirty
             or self.receiver.dirty
             or self.vault.dirty
+            or self.backup.dirty
             or bool(self._outgoing_added or self._outgoing_removed)
         )
 
@@ -483,6 +492,7 @@ class CryptoMachine:
         self.outbound.drain(out)
         self.receiver.drain(out)
         self.vault.drain(out)
+        self.backup.drain(out)
         out.add(
             "outgoing_added",
             *(self._outgoing[r] for r in sorted(self._outgoing_added) if r in self._outgoing),
