@@ -26,6 +26,7 @@ from gapline.e2ee import (
     upload_backup,
     verify_user,
 )
+from gapline.matrix import MatrixHTTPError
 
 from . import test_synapse_nio
 from .synapse_peers import GaplineDevice
@@ -184,3 +185,18 @@ async def test_a_backup_version_nobody_trusted_signed_is_not_used(scene: Scene) 
     assert trust is not None and not trust.trusted and trust.version == version
     assert g.machine.backup.version is None and g.machine.backup.next_upload() is None
     assert "no signature by a trusted device" in trust.reason
+
+
+async def test_replacing_cross_signing_keys_needs_the_password(scene: Scene) -> None:
+    alice = await scene.kit.user("alice")
+    g = await scene.gapline_device(alice, "alice")
+    assert g.driver is not None
+    first = await bootstrap_cross_signing(g.driver, password="password")
+    with pytest.raises(MatrixHTTPError) as refused:
+        await bootstrap_cross_signing(g.driver, password="not the password")
+    assert refused.value.status == 401  # Synapse: the password stage failed
+    assert g.machine.cross_signing.trusted_master_key() == first  # the old seeds are held
+    await g.restart(scene.kit.base_url)
+    assert g.machine.cross_signing.trusted_master_key() == first
+    second = await bootstrap_cross_signing(g.driver, password="password")
+    assert second != first and g.machine.cross_signing.trusted_master_key() == second

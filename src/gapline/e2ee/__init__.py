@@ -37,6 +37,9 @@ from ._errors import (
     UnsavedChanges,
     WrongStoreKey,
 )
+from ._inbound import (
+    RoomKey,
+)
 from ._key_driver import (
     bootstrap_cross_signing,
     enable_backup,
@@ -148,6 +151,7 @@ __all__ = [
     "RefusalCode",
     "RequestKind",
     "RestoreReport",
+    "RoomKey",
     "RoomKeyId",
     "SecretStorageError",
     "SecretStorageKey",

@@ -28,7 +28,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gapline.matrix import BackupVersionResponse, Request, RoomKeysResponse, crypto_api
+from gapline.matrix import (
+    BackupVersionResponse,
+    KeyBackupData,
+    Request,
+    RoomKeysResponse,
+    crypto_api,
+)
 
 from ._account import AccountMachine
 from ._backup_crypto import BACKUP_ALGORITHM, BackupEntryInvalid, BackupKey, seal_session
@@ -305,6 +311,12 @@ class KeyBackup:
 
     def restore(self, version: str, answer: RoomKeysResponse) -> RestoreReport:
         """Import a page of the backup (``GET /room_keys/keys``) with the held private key."""
+        return self.restore_entries(version, entries(answer))
+
+    def restore_entries(
+        self, version: str, items: Iterable[tuple[str, str, KeyBackupData]]
+    ) -> RestoreReport:
+        """Import backed-up sessions given as (room, session, entry); see `restore`."""
         held = self._vault.get(BACKUP_SECRET)
         if held is None:
             raise ValueError("no backup key is held: recover it from secret storage first")
@@ -314,27 +326,23 @@ class KeyBackup:
         known = 0
         self._restoring = True
         try:
-            for room_id, room in sorted(answer.rooms.items()):
-                for session_id, entry in sorted(room.sessions.items()):
-                    try:
-                        room_key = _room_key(room_id, session_id, key.open(entry.session_data))
-                    except BackupEntryInvalid as exc:
-                        refusal = Refusal(
-                            RefusalCode.MALFORMED, f"backup entry {session_id}: {exc}"
-                        )
-                        log.warning("key backup %s: refused %s in %s: %s", version,
-                                    session_id, room_id, exc)  # fmt: skip
-                        refusals.append(refusal)
-                        continue
-                    result = self._inbound.add(room_key)
-                    if isinstance(result, Refusal):
-                        log.warning("key backup %s: refused %s: %s", version, session_id,
-                                    result.detail)  # fmt: skip
-                        refusals.append(result)
-                        continue
-                    if not result:
-                        known += 1
-                        continue
+            for room_id, session_id, entry in items:
+                try:
+                    room_key = _room_key(room_id, session_id, key.open(entry.session_data))
+                except BackupEntryInvalid as exc:
+                    refusal = Refusal(RefusalCode.MALFORMED, f"backup entry {session_id}: {exc}")
+                    log.warning("key backup %s: refused %s in %s: %s", version,
+                                session_id, room_id, exc)  # fmt: skip
+                    refusals.append(refusal)
+                    continue
+                result = self._inbound.add(room_key)
+                if isinstance(result, Refusal):
+                    log.warning("key backup %s: refused %s: %s", version, session_id,
+                                result.detail)  # fmt: skip
+                    refusals.append(result)
+                elif not result:
+                    known += 1
+                else:
                     imported.append(RoomKeyId(room_id, session_id))
                     self._mark_restored(version, room_id, session_id)
         finally:
@@ -350,6 +358,24 @@ class KeyBackup:
         self._backed_up[ident] = BackedUpRecord(room_id, session_id, version, index, restored=True)
         self._dirty.add(ident)
         self._pending.discard(ident)
+
+
+def entries(answer: RoomKeysResponse) -> list[tuple[str, str, KeyBackupData]]:
+    """A ``GET /room_keys/keys`` answer as (room, session, entry), in a stable order."""
+    return [
+        (room_id, session_id, entry)
+        for room_id, room in sorted(answer.rooms.items())
+        for session_id, entry in sorted(room.sessions.items())
+    ]
+
+
+def merge_reports(parts: Iterable[RestoreReport]) -> RestoreReport:
+    parts = list(parts)
+    return RestoreReport(
+        tuple(k for p in parts for k in p.imported),
+        sum(p.already_known for p in parts),
+        tuple(r for p in parts for r in p.refusals),
+    )
 
 
 def _session_json(key: RoomKey) -> dict[str, Any]:

@@ -20,7 +20,7 @@ Trust (`trust_of`, on top of `DeviceTracker`'s ``CROSS_SIGNED``):
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -73,6 +73,7 @@ class CrossSigningBootstrap:
 
     keys: dict[str, dict[str, Any]]  # master_key, self_signing_key, user_signing_key
     master_key: str
+    previous: dict[str, str | None] = field(repr=False, default_factory=dict)  # seeds replaced
 
 
 def _single_key(obj: Any) -> str | None:
@@ -120,9 +121,10 @@ class CrossSigning:
             obj = self._key_object(usage, signers[usage].public)
             keys[f"{usage}_key"] = signed(obj, self.user_id, f"ed25519:{master.public}",
                                           master.sign)  # fmt: skip
+        previous = {name: self._vault.get(name) for name in _SECRETS.values()}
         for usage, seed in seeds.items():
             self._vault.put(_SECRETS[usage], seed)
-        return CrossSigningBootstrap(keys, master.public)
+        return CrossSigningBootstrap(keys, master.public, previous)
 
     # -- signing ----------------------------------------------------------------------------
 
@@ -178,10 +180,13 @@ class CrossSigning:
             return None
         return signer.public
 
-    def forget(self) -> None:
-        """Drop the held seeds (a bootstrap the server did not accept)."""
-        for name in _SECRETS.values():
-            self._vault.remove(name)
+    def undo(self, boot: CrossSigningBootstrap) -> None:
+        """Hold again the seeds ``boot`` replaced (the server did not accept it)."""
+        for name, seed in boot.previous.items():
+            if seed is None:
+                self._vault.remove(name)
+            else:
+                self._vault.put(name, seed)
 
     def user_verified(self, user_id: str) -> bool:
         """Whether ``user_id``'s master key is trusted (ours, or signed by our user-signing key)."""
