@@ -261,6 +261,11 @@ def test_a_version_is_trusted_only_when_signed_by_a_trusted_device(
     trusted = bob.machine.backup.use_version(_version(ours))
     assert trusted.trusted and bob.machine.backup.version == "7"
     assert bob.machine.backup.pending == len(bob.machine.inbound.identifiers())
+    # An untrusted version replacing it on the server: uploads stop, not to the old one.
+    replaced = BackupVersionResponse(algorithm=BACKUP_ALGORITHM, auth_data=unsigned, version="8")
+    assert not bob.machine.backup.use_version(replaced).trusted
+    assert bob.machine.backup.version is None and bob.machine.backup.next_upload() is None
+    assert bob.machine.take_changes().backup_version_removed
 
 
 def test_restoring_without_the_key_is_a_clear_error() -> None:

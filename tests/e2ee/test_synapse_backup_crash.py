@@ -15,12 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import vodozemac
 
-from gapline.e2ee import BACKUP_SECRET, RoomKey, enable_backup, restore_backup, upload_backup
+from gapline.e2ee import BACKUP_SECRET, enable_backup, restore_backup, upload_backup
 
 from . import test_synapse_nio
-from .synapse_peers import GaplineDevice
+from .synapse_peers import GaplineDevice, add_made_up_sessions
 from .test_synapse_nio import Scene
 
 pytestmark = pytest.mark.timeout(240)
@@ -28,20 +27,6 @@ scene = test_synapse_nio.scene
 
 REPO = Path(__file__).resolve().parents[2]
 SESSIONS = 12
-
-
-def _add_sessions(device: GaplineDevice, count: int) -> None:
-    """Room keys as a device collects them (here made directly: the backup takes any)."""
-    sender = vodozemac.Account()
-    for i in range(count):
-        outbound = vodozemac.GroupSession()
-        added = device.machine.inbound.add(
-            RoomKey(
-                f"!room{i % 3}:crash", outbound.session_id, outbound.session_key.to_base64(),
-                sender.curve25519_key.to_base64(), sender.ed25519_key.to_base64(), None, None,
-            )
-        )  # fmt: skip
-        assert added is True
 
 
 async def _run_child_until(device: GaplineDevice, mode: str, marker: str, count: int) -> list[str]:
@@ -71,7 +56,7 @@ async def test_sigkill_mid_upload_and_mid_restore(scene: Scene) -> None:
     alice = await scene.kit.user("alice")
     laptop = await scene.gapline_device(alice, "laptop")
     assert laptop.driver is not None
-    _add_sessions(laptop, SESSIONS)
+    add_made_up_sessions(laptop, SESSIONS)
     trust = await enable_backup(laptop.driver)
     assert trust is not None and trust.trusted and laptop.machine.backup.pending == SESSIONS
     # Killed after three acknowledged uploads.

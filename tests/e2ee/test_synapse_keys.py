@@ -29,7 +29,7 @@ from gapline.e2ee import (
 from gapline.matrix import MatrixHTTPError
 
 from . import test_synapse_nio
-from .synapse_peers import GaplineDevice
+from .synapse_peers import GaplineDevice, add_made_up_sessions
 from .test_synapse_nio import Scene
 
 scene = test_synapse_nio.scene  # the same fixture: users, devices and rooms closed at the end
@@ -200,3 +200,43 @@ async def test_replacing_cross_signing_keys_needs_the_password(scene: Scene) -> 
     assert g.machine.cross_signing.trusted_master_key() == first
     second = await bootstrap_cross_signing(g.driver, password="password")
     assert second != first and g.machine.cross_signing.trusted_master_key() == second
+
+
+async def test_a_new_version_made_elsewhere_is_followed_only_if_trusted(scene: Scene) -> None:
+    alice = await scene.kit.user("alice")
+    laptop = await scene.gapline_device(alice, "laptop")
+    phone = await scene.gapline_device(await scene.kit.server.login(alice.user_id), "phone")
+    assert laptop.driver is not None and phone.driver is not None
+    assert (await enable_backup(laptop.driver)) is not None
+    add_made_up_sessions(laptop, 1)
+    assert await upload_backup(laptop.driver) == 1
+    await laptop.sync()
+
+    async def replace_from_phone() -> str:
+        assert phone.driver is not None
+        key = BackupKey.generate()
+        auth = phone.machine.account.sign_json({"public_key": key.public_key})
+        return await phone.driver.client.backup_version_create(BACKUP_ALGORITHM, auth)
+
+    # The phone is not trusted by the laptop: its version is refused, the upload stops.
+    await replace_from_phone()
+    add_made_up_sessions(laptop, 1)
+    assert await upload_backup(laptop.driver) == 0
+    assert laptop.machine.backup.version is None and laptop.machine.backup.next_upload() is None
+    # Once the phone is cross-signed under the laptop's master key, its version is followed.
+    await bootstrap_cross_signing(laptop.driver, password="password")
+    setup = await set_up_recovery(laptop.driver)
+    await recover_from_server(phone.driver, recovery_key=setup.recovery_key)
+    await phone.sync()
+    await sign_own_device(phone.driver)
+    await laptop.wait_until(
+        lambda: (
+            (d := laptop.machine.device(alice.user_id, phone.session.device_id)) is not None
+            and d.trust is TrustLevel.VERIFIED
+        )
+    )
+    third = await replace_from_phone()
+    trust = await enable_backup(laptop.driver, create=False)
+    assert trust is not None and trust.trusted and trust.version == third
+    assert "trusted device" in trust.reason
+    assert await upload_backup(laptop.driver) == 2  # both sessions, into the new version

@@ -134,10 +134,9 @@ class KeyBackup:
         return len(self._pending)
 
     def is_backed_up(self, room_id: str, session_id: str) -> bool:
-        return (room_id, session_id) not in self._pending and (
-            room_id,
-            session_id,
-        ) in self._backed_up
+        """Whether the current version holds our copy of the session (as good as ours)."""
+        ident = (room_id, session_id)
+        return ident in self._backed_up and ident not in self._pending
 
     def is_from_backup(self, room_id: str, session_id: str) -> bool:
         record = self._backed_up.get((room_id, session_id))
@@ -185,6 +184,8 @@ class KeyBackup:
         trusted, reason = self._trust(answer)
         if not trusted:
             log.warning("key backup version %s refused: %s", answer.version, reason)
+            if self._version is not None and self._version.version != answer.version:
+                self.no_version()  # ours is no longer the server's current version
             return BackupTrust(answer.version, False, reason)
         self._activate(answer.version, answer.auth_data)
         return BackupTrust(answer.version, True, reason)

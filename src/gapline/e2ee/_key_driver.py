@@ -13,6 +13,7 @@ from typing import Any
 from gapline.matrix import (
     BackupVersionResponse,
     MatrixError,
+    MatrixHTTPError,
     NotFound,
     Request,
     RoomKeysResponse,
@@ -112,11 +113,23 @@ async def enable_backup(driver: CryptoDriver, *, create: bool = True) -> BackupT
 
 
 async def upload_backup(driver: CryptoDriver, *, batch: int = 200) -> int:
-    """Upload every pending session in batches, committing after each; how many went up."""
+    """Upload every pending session in batches, committing after each; how many went up.
+
+    When the server says the version is no longer its current one (another device made
+    a new version), the current one is taken up if it is trusted, and uploading goes on
+    there; an untrusted one stops the upload (nothing more is sent)."""
     sent = 0
     while (upload := driver.machine.backup.next_upload(batch)) is not None:
         try:
             await driver.client.request(upload.request, RoomKeysUpdateResponse)
+        except MatrixHTTPError as exc:
+            driver.machine.backup.upload_failed(upload)
+            if exc.errcode != "M_WRONG_ROOM_KEYS_VERSION":
+                raise
+            trust = await enable_backup(driver, create=False)
+            if trust is None or not trust.trusted:
+                return sent
+            continue
         except MatrixError:
             driver.machine.backup.upload_failed(upload)
             raise
