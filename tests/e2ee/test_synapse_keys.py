@@ -240,3 +240,25 @@ async def test_a_new_version_made_elsewhere_is_followed_only_if_trusted(scene: S
     assert trust is not None and trust.trusted and trust.version == third
     assert "trusted device" in trust.reason
     assert await upload_backup(laptop.driver) == 2  # both sessions, into the new version
+
+
+async def test_a_restore_can_ask_for_one_room_or_one_session(scene: Scene) -> None:
+    alice = await scene.kit.user("alice")
+    laptop = await scene.gapline_device(alice, "laptop")
+    phone = await scene.gapline_device(await scene.kit.server.login(alice.user_id), "phone")
+    assert laptop.driver is not None and phone.driver is not None
+    await enable_backup(laptop.driver)
+    add_made_up_sessions(laptop, 6)  # two in each of three rooms
+    assert await upload_backup(laptop.driver) == 6
+    phone.machine.vault.put(BACKUP_SECRET, laptop.machine.vault.get(BACKUP_SECRET) or "")
+    await enable_backup(phone.driver, create=False)
+    (room, session), *_ = laptop.machine.inbound.identifiers()
+    one = await restore_backup(phone.driver, room_id=room, session_id=session)
+    assert one.imported == (RoomKeyId(room, session),)
+    missing = await restore_backup(phone.driver, room_id=room, session_id="not-backed-up")
+    assert missing.imported == () and missing.already_known == 0
+    whole_room = await restore_backup(phone.driver, room_id=room)
+    assert len(whole_room.imported) == 1 and whole_room.already_known == 1
+    rest = await restore_backup(phone.driver)
+    assert len(rest.imported) == 4 and rest.already_known == 2
+    assert phone.machine.inbound.identifiers() == laptop.machine.inbound.identifiers()

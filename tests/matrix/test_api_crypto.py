@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from gapline.matrix import RoomKeysResponse, crypto_api, parse
 
@@ -26,6 +27,12 @@ def test_room_keys_put_and_get() -> None:
     assert put.json == {"rooms": {"!r:x": {"sessions": {"S/1": entry}}}}
     get = crypto_api.room_keys_get("3")
     assert (get.method, get.query) == ("GET", (("version", "3"),))
+    room = crypto_api.room_keys_get("3", "!r:x")
+    assert room.path == "/_matrix/client/v3/room_keys/keys/%21r%3Ax"
+    one = crypto_api.room_keys_get("3", "!r:x", "S/1")
+    assert one.path == "/_matrix/client/v3/room_keys/keys/%21r%3Ax/S%2F1"
+    with pytest.raises(ValueError, match="within its room"):
+        crypto_api.room_keys_get("3", session_id="S")
     answer = parse(msgspec.json.encode(put.json), RoomKeysResponse)
     assert answer.rooms["!r:x"].sessions["S/1"].session_data["mac"] == "m"
 

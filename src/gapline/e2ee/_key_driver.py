@@ -12,11 +12,13 @@ from typing import Any
 
 from gapline.matrix import (
     BackupVersionResponse,
+    KeyBackupData,
     MatrixError,
     MatrixHTTPError,
     NotFound,
     Request,
     RoomKeysResponse,
+    RoomKeysRoomResponse,
     RoomKeysUpdateResponse,
     crypto_api,
 )
@@ -140,10 +142,17 @@ async def upload_backup(driver: CryptoDriver, *, batch: int = 200) -> int:
 
 
 async def restore_backup(
-    driver: CryptoDriver, *, version: str | None = None, batch: int = 64
+    driver: CryptoDriver,
+    *,
+    version: str | None = None,
+    room_id: str | None = None,
+    session_id: str | None = None,
+    batch: int = 64,
 ) -> RestoreReport:
-    """Download the backup (the current version, or ``version``), decrypt it with the held
-    key and import it; committed at once, so a crash leaves nothing half-restored.
+    """Download the backup (the current version, or ``version``; all of it, one room's
+    sessions, or one session), decrypt it with the held key and import it; committed at
+    once, so a crash leaves nothing half-restored. A session the backup lacks restores
+    nothing.
 
     Entries are decrypted ``batch`` at a time with a yield to the event loop between
     batches (about 60 µs each: a batch of 64 holds the loop for a few ms)."""
@@ -152,8 +161,18 @@ async def restore_backup(
         if current is None:
             raise NotFound(404, "M_NOT_FOUND", "the account has no key backup")
         version = current.version
-    answer = await driver.client.request(crypto_api.room_keys_get(version), RoomKeysResponse)
-    items = entries(answer)
+    request = crypto_api.room_keys_get(version, room_id, session_id)
+    items: list[tuple[str, str, KeyBackupData]]
+    if room_id is None:
+        items = entries(await driver.client.request(request, RoomKeysResponse))
+    elif session_id is None:
+        room = await driver.client.request(request, RoomKeysRoomResponse)
+        items = [(room_id, sid, entry) for sid, entry in sorted(room.sessions.items())]
+    else:
+        try:
+            items = [(room_id, session_id, await driver.client.request(request, KeyBackupData))]
+        except NotFound:
+            items = []
     reports = []
     for start in range(0, len(items), batch):
         reports.append(driver.machine.backup.restore_entries(version, items[start : start + batch]))

@@ -18,6 +18,7 @@ from ._api_crypto import (
     BackupVersionResponse,
     KeyBackupData,
     RoomKeysResponse,
+    RoomKeysRoomResponse,
     RoomKeysUpdateResponse,
     SignaturesUploadResponse,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "Request",
     "RetryPolicy",
     "RoomKeysResponse",
+    "RoomKeysRoomResponse",
     "RoomKeysUpdateResponse",
     "RoomMember",
     "Rooms",

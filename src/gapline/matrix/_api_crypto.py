@@ -22,6 +22,7 @@ __all__ = [
     "BackupVersionResponse",
     "KeyBackupData",
     "RoomKeysResponse",
+    "RoomKeysRoomResponse",
     "RoomKeysUpdateResponse",
     "SignaturesUploadResponse",
     "device_signing_upload",
@@ -58,14 +59,16 @@ class KeyBackupData(msgspec.Struct, frozen=True, kw_only=True):
     session_data: dict[str, Any]
 
 
-class _RoomSessions(msgspec.Struct, frozen=True, kw_only=True):
+class RoomKeysRoomResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """``GET /room_keys/keys/{roomId}``: the room's sessions by ID."""
+
     sessions: dict[str, KeyBackupData] = {}
 
 
 class RoomKeysResponse(msgspec.Struct, frozen=True, kw_only=True):
     """``GET /room_keys/keys``: ``rooms[room_id].sessions[session_id]``."""
 
-    rooms: dict[str, _RoomSessions] = {}
+    rooms: dict[str, RoomKeysRoomResponse] = {}
 
 
 class RoomKeysUpdateResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -109,9 +112,16 @@ def room_keys_put(version: str, rooms: Mapping[str, Mapping[str, Mapping[str, An
     )
 
 
-def room_keys_get(version: str) -> Request:
-    """``GET /room_keys/keys?version=``: every session of the version."""
-    return Request("GET", _path(CLIENT_V3, "room_keys", "keys"), query=_q(version=version))
+def room_keys_get(
+    version: str, room_id: str | None = None, session_id: str | None = None
+) -> Request:
+    """``GET /room_keys/keys[/{roomId}[/{sessionId}]]?version=``: every session of the
+    version, of one room (a `RoomKeysRoomResponse`), or one session (a `KeyBackupData`).
+    A session the backup does not hold is 404."""
+    if session_id is not None and room_id is None:
+        raise ValueError("a session is asked for within its room")
+    segments = ["room_keys", "keys"] + [x for x in (room_id, session_id) if x is not None]
+    return Request("GET", _path(CLIENT_V3, *segments), query=_q(version=version))
 
 
 def password_auth(user_id: str, password: str, session: str | None = None) -> dict[str, Any]:
