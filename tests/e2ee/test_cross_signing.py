@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any
 
 import pytest
+import vodozemac
 
 from gapline.e2ee import (
     MASTER_SECRET,
     CryptoMachine,
+    DecryptedEvent,
     RequestKind,
+    RoomKey,
     TrustLevel,
     signing_bytes,
 )
 from gapline.e2ee._canonical import signed, verify_signature
 from gapline.e2ee._cross_signing import _new_seed, _Signer
-from gapline.matrix import KeysQueryResponse
+from gapline.matrix import ClientEvent, KeysQueryResponse
 
 
 def _answer_query(machine: CryptoMachine, users: list[str], answer: KeysQueryResponse) -> None:
@@ -73,8 +77,6 @@ class Other:
     """A device of some user, made by hand: keys, and cross-signing keys signed as needed."""
 
     def __init__(self, user: str, device: str) -> None:
-        import vodozemac
-
         self.user, self.device = user, device
         self.account = vodozemac.Account()
         self.master = _Signer(_new_seed())
@@ -177,3 +179,42 @@ def test_signing_another_users_master_key_verifies_their_cross_signed_devices() 
     _answer_query(me, ["@carol:x"], KeysQueryResponse(device_keys=listed, **fields))
     tablet = me.device("@carol:x", "TABLET")
     assert tablet is not None and tablet.trust is TrustLevel.UNSIGNED
+
+
+def test_an_event_from_a_verified_device_decrypts_as_verified() -> None:
+    me = CryptoMachine.create(os.urandom(32), "@me:x", "DEV")
+    boot = me.cross_signing.bootstrap()
+    carol = Other("@carol:x", "PHONE")
+    master, ssk = carol.cross_keys()
+    listed = {"@carol:x": {"PHONE": carol.device_keys(cross_signed=True)}, "@me:x": {}}
+    fields = _published(me, boot.keys)
+    fields["master_keys"]["@carol:x"] = master
+    fields["self_signing_keys"]["@carol:x"] = ssk
+    _answer_query(me, ["@me:x", "@carol:x"], KeysQueryResponse(device_keys=listed, **fields))
+    outbound = vodozemac.GroupSession()
+    curve = carol.account.curve25519_key.to_base64()
+    ed = carol.account.ed25519_key.to_base64()
+    key = outbound.session_key.to_base64()
+    added = me.inbound.add(
+        RoomKey("!r:x", outbound.session_id, key, curve, ed, "@carol:x", "PHONE")
+    )
+    assert added is True
+
+    def event(n: int) -> ClientEvent:
+        plaintext = {"type": "m.room.message", "room_id": "!r:x", "content": {"body": str(n)}}
+        content = {
+            "algorithm": "m.megolm.v1.aes-sha2",
+            "ciphertext": outbound.encrypt(json.dumps(plaintext).encode()).to_base64(),
+            "session_id": outbound.session_id,
+            "sender_key": curve,
+        }
+        return ClientEvent(event_id=f"$e{n}", type="m.room.encrypted", sender="@carol:x",
+                           origin_server_ts=n, content=content)  # fmt: skip
+
+    before = me.decrypt_room_event("!r:x", event(1))
+    assert isinstance(before, DecryptedEvent) and before.trust is TrustLevel.CROSS_SIGNED
+    signed_master = (me.cross_signing.sign_user("@carol:x") or {})["@carol:x"][carol.master.public]
+    fields["master_keys"]["@carol:x"] = signed_master
+    _answer_query(me, ["@carol:x"], KeysQueryResponse(device_keys=listed, **fields))
+    after = me.decrypt_room_event("!r:x", event(2))
+    assert isinstance(after, DecryptedEvent) and after.trust is TrustLevel.VERIFIED

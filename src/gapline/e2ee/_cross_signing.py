@@ -89,6 +89,18 @@ class CrossSigning:
         self._account = account
         self._devices = devices
         self._vault = vault
+        # Trust answers, valid while neither the cross-signing keys nor the vault change:
+        # they are asked for on every decrypted event.
+        self._cache_key: tuple[int, int] = (-1, -1)
+        self._master: str | None = None
+        self._verified: dict[str, bool] = {}
+
+    def _fresh(self) -> None:
+        key = (self._devices.cross_generation, self._vault.generation)
+        if key != self._cache_key:
+            self._cache_key = key
+            self._master = self._trusted_master_key()
+            self._verified = {}
 
     @property
     def user_id(self) -> str:
@@ -170,6 +182,10 @@ class CrossSigning:
 
     def trusted_master_key(self) -> str | None:
         """Our master public key if we hold its seed and the server lists it for us."""
+        self._fresh()
+        return self._master
+
+    def _trusted_master_key(self) -> str | None:
         signer = self._signer("master")
         if signer is None:
             return None
@@ -190,7 +206,14 @@ class CrossSigning:
 
     def user_verified(self, user_id: str) -> bool:
         """Whether ``user_id``'s master key is trusted (ours, or signed by our user-signing key)."""
-        ours = self.trusted_master_key()
+        self._fresh()
+        known = self._verified.get(user_id)
+        if known is None:
+            known = self._verified[user_id] = self._user_verified(user_id)
+        return known
+
+    def _user_verified(self, user_id: str) -> bool:
+        ours = self._master
         if ours is None:
             return False
         if user_id == self.user_id:

@@ -67,6 +67,7 @@ class DeviceTracker:
         self._dirty_tracked: set[str] = set()
         self._untracked: set[str] = set()
         self._dirty_cross: set[str] = set()
+        self.cross_generation = 0  # bumped whenever any cross-signing keys change (trust caches)
 
     # -- loading and saving ----------------------------------------------------------------
 
@@ -277,6 +278,7 @@ class DeviceTracker:
                 log.warning("keys/query: the master key of %s changed", user)
             self._cross[user] = keys
             self._dirty_cross.add(user)
+            self.cross_generation += 1
 
     def _trust_of(self, user: str, device_id: str, obj: dict[str, Any]) -> TrustLevel:
         if (user, device_id) == (self.user_id, self.device_id):

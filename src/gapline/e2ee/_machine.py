@@ -73,6 +73,7 @@ from ._types import (
     RequestKind,
     ShareReport,
     ShareState,
+    TrustLevel,
     UnableToDecrypt,
 )
 from ._vault import SecretVault
@@ -109,7 +110,7 @@ class CryptoMachine:
             account.user_id, account.device_id, account.ed25519, account.curve25519
         )
         self.olm = OlmSessions(account)
-        self.inbound = InboundGroupSessions(keys, self.devices.by_curve25519)
+        self.inbound = InboundGroupSessions(keys, self._device_by_curve25519)
         parts = Parts(account, self.devices, self.olm, self.inbound, keys, clock)
         self.receiver = ToDeviceReceiver(parts)
         self.outbound = GroupSessionManager(parts)
@@ -215,6 +216,13 @@ class CryptoMachine:
         """A user's current devices with their trust level (for a device list)."""
         trust = self.cross_signing.trust_of
         return [replace(d, trust=trust(d)) for d in self.devices.devices_of(user_id)]
+
+    def _device_by_curve25519(self, key: str) -> Device | None:
+        """The device of a Curve25519 key, its trust raised to ``VERIFIED`` where due."""
+        d = self.devices.by_curve25519(key)
+        if d is None or d.trust is not TrustLevel.CROSS_SIGNED:
+            return d
+        return replace(d, trust=self.cross_signing.trust_of(d))
 
     def device(self, user_id: str, device_id: str) -> Device | None:
         d = self.devices.get(user_id, device_id)

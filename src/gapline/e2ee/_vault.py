@@ -41,6 +41,7 @@ class SecretVault:
         self._secrets: dict[str, str] = {}
         self._dirty: set[str] = set()
         self._removed: set[str] = set()
+        self.generation = 0  # bumped on every change (trust caches)
 
     def __repr__(self) -> str:
         return f"SecretVault({sorted(self._secrets)})"
@@ -49,6 +50,7 @@ class SecretVault:
         for r in records:
             try:
                 self._secrets[r.name] = self._keys.cipher.decrypt(r.sealed, _aad(r.name)).decode()
+                self.generation += 1
             except StorageError as exc:  # a tampered or misplaced row
                 raise ValueError(f"held secret {r.name}: {exc}") from None
 
@@ -61,11 +63,13 @@ class SecretVault:
     def put(self, name: str, secret: str) -> None:
         if self._secrets.get(name) != secret:
             self._secrets[name] = secret
+            self.generation += 1
             self._dirty.add(name)
             self._removed.discard(name)
 
     def remove(self, name: str) -> None:
         if self._secrets.pop(name, None) is not None:
+            self.generation += 1
             self._dirty.discard(name)
             self._removed.add(name)
 
