@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from gapline.e2ee import (
     signing_bytes,
 )
 from gapline.e2ee._canonical import signed, verify_signature
-from gapline.e2ee._cross_signing import _new_seed, _Signer
+from gapline.e2ee._cross_signing import CrossSigningBootstrap, _new_seed, _Signer
 from gapline.matrix import ClientEvent, KeysQueryResponse
 
 
@@ -149,16 +150,34 @@ def test_a_held_seed_of_a_replaced_master_key_gives_no_trust(
     assert me.cross_signing.sign_with_master({"a": 1}) == {"a": 1}
 
 
+@dataclass
+class WithCarol:
+    """Our machine after bootstrapping, knowing carol's cross-signed PHONE (not verified)."""
+
+    me: CryptoMachine
+    boot: CrossSigningBootstrap
+    carol: Other
+    master: dict[str, Any]
+    listed: dict[str, Any]
+    fields: dict[str, Any]
+
+    @classmethod
+    def make(cls) -> WithCarol:
+        me = CryptoMachine.create(os.urandom(32), "@me:x", "DEV")
+        boot = me.cross_signing.bootstrap()
+        carol = Other("@carol:x", "PHONE")
+        master, ssk = carol.cross_keys()
+        listed = {"@carol:x": {"PHONE": carol.device_keys(cross_signed=True)}, "@me:x": {}}
+        fields = _published(me, boot.keys)
+        fields["master_keys"]["@carol:x"] = master
+        fields["self_signing_keys"]["@carol:x"] = ssk
+        _answer_query(me, ["@me:x", "@carol:x"], KeysQueryResponse(device_keys=listed, **fields))
+        return cls(me, boot, carol, master, listed, fields)
+
+
 def test_signing_another_users_master_key_verifies_their_cross_signed_devices() -> None:
-    me = CryptoMachine.create(os.urandom(32), "@me:x", "DEV")
-    boot = me.cross_signing.bootstrap()
-    carol = Other("@carol:x", "PHONE")
-    master, ssk = carol.cross_keys()
-    listed = {"@carol:x": {"PHONE": carol.device_keys(cross_signed=True)}, "@me:x": {}}
-    fields = _published(me, boot.keys)
-    fields["master_keys"]["@carol:x"] = master
-    fields["self_signing_keys"]["@carol:x"] = ssk
-    _answer_query(me, ["@me:x", "@carol:x"], KeysQueryResponse(device_keys=listed, **fields))
+    w = WithCarol.make()
+    me, boot, carol, master, listed, fields = w.me, w.boot, w.carol, w.master, w.listed, w.fields
     device = me.device("@carol:x", "PHONE")
     assert device is not None and device.trust is TrustLevel.CROSS_SIGNED
     assert not me.cross_signing.user_verified("@carol:x")
@@ -182,15 +201,8 @@ def test_signing_another_users_master_key_verifies_their_cross_signed_devices() 
 
 
 def test_an_event_from_a_verified_device_decrypts_as_verified() -> None:
-    me = CryptoMachine.create(os.urandom(32), "@me:x", "DEV")
-    boot = me.cross_signing.bootstrap()
-    carol = Other("@carol:x", "PHONE")
-    master, ssk = carol.cross_keys()
-    listed = {"@carol:x": {"PHONE": carol.device_keys(cross_signed=True)}, "@me:x": {}}
-    fields = _published(me, boot.keys)
-    fields["master_keys"]["@carol:x"] = master
-    fields["self_signing_keys"]["@carol:x"] = ssk
-    _answer_query(me, ["@me:x", "@carol:x"], KeysQueryResponse(device_keys=listed, **fields))
+    w = WithCarol.make()
+    me, carol, listed, fields = w.me, w.carol, w.listed, w.fields
     outbound = vodozemac.GroupSession()
     curve = carol.account.curve25519_key.to_base64()
     ed = carol.account.ed25519_key.to_base64()
