@@ -9,11 +9,13 @@ Each job has its own sub-machine (a reader finds a rule by the name)::
     inbound    InboundGroupSessions  Megolm room keys and room-event decryption (replay, sender)
     outbound   GroupSessionManager   our Megolm session per room: sharing, /keys/claim, rotation
 
-Part 2 adds its machines beside these, on the same pattern (own tables in new
-``e2ee`` migrations, own rows in `Changes`): ``backup`` (server-side key
-backup), ``secrets`` (secret storage and recovery), ``cross_signing`` (bootstrap
-and signing our devices), ``verification`` (SAS, fed by `KeyUpdates.to_device`),
-and key export/import (feeding `InboundGroupSessions.add` with forwarded-style keys).
+    vault          SecretVault   the private keys held: backup key, cross-signing seeds
+    cross_signing  CrossSigning  our cross-signing keys, signing devices and users, VERIFIED
+    backup         KeyBackup     server-side key backup: trusted version, uploads, restore
+
+Key files (`_key_export.py`) and recovery (`_recovery.py`) are functions over the
+machine; the async steps of recovery, backup and cross-signing are in
+`_key_driver.py`. SAS verification (fed by `KeyUpdates.to_device`) is still to come.
 
 The caller drives it (no I/O here): feed what the homeserver said
 (`receive_sync`, room state via `set_room_encryption` / `room_member_left` /
