@@ -14,7 +14,7 @@ Device lists come from ``/keys/query``. The rules:
   its owner's list is marked deleted, not forgotten, so its ID stays pinned.
 - Cross-signing: a self-signing key counts only when the user's master key
   signed it; a device signed by that self-signing key is ``CROSS_SIGNED``.
-  Whether the master key itself is trusted is part 2's business (verification).
+  Whether the master key itself is trusted is `CrossSigning`'s (`VERIFIED`).
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ class DeviceTracker:
                 )
         usk = answer.user_signing_keys.get(user)
         if usk is not None and user == self.user_id:
-            keys["user_signing"] = usk  # checked and used by part 2 (verification)
+            keys["user_signing"] = usk  # checked by CrossSigning before it is relied on
         if self._cross.get(user) != keys:
             old_master = self._cross.get(user, {}).get("master")
             if old_master is not None and old_master != keys.get("master"):
