@@ -166,6 +166,12 @@ def test_gapline_bot_says_wrong_passphrase_before_the_network(
         ]
     )
     assert code == 0  # the right passphrase opens the sealed journal
+    capsys.readouterr()
+    read = ["journal", "read", "--store", str(store), "--principal", BOT, "--room", "!r:localhost"]
+    assert main(read) == 0  # no rows yet: nothing sealed to show
+    assert main([*read, "--passphrase-file", str(wrong)]) == 1
+    err = capsys.readouterr().err
+    assert "passphrase" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("leaves", [True, False])
