@@ -59,6 +59,16 @@ async def turn_states(store: str, principal: str, sources: list[str]) -> dict[st
     return out
 
 
+async def answered(store: str, principal: str, event_id: str) -> bool:
+    states = await turn_states(store, principal, [event_id])
+    return states[event_id] is TurnState.DELIVERED
+
+
+def in_room(nio: NioDevice, room_id: str, user_id: str) -> bool:
+    """Whether nio's sync has shown ``user_id`` as a member of the room."""
+    return room_id in nio.client.rooms and user_id in nio.client.rooms[room_id].users
+
+
 async def journal_row(store: str, principal: str, event_id: str) -> tuple[Any, ...] | None:
     """(kind, settled, upgraded_from) of one journaled event."""
     rows = await journal_query(
@@ -159,9 +169,7 @@ async def test_nio_and_the_bot_talk_encrypted_and_a_late_key_heals_exactly_once(
                 await wait_joined(client, room, bot.user_id)
                 assert running.crypto is not None
                 bot_device = running.crypto.machine.device_id
-                await nio.wait_until(
-                    lambda: room in nio.client.rooms and bot.user_id in nio.client.rooms[room].users
-                )
+                await nio.wait_until(lambda: in_room(nio, room, bot.user_id))
                 await nio.keys()
 
                 # A message whose key nio holds back: journaled as a decryption failure.
@@ -179,18 +187,20 @@ async def test_nio_and_the_bot_talk_encrypted_and_a_late_key_heals_exactly_once(
                 async with synapse_kit.client(nio.session) as as_nio:
                     await as_nio.send_to_device("m.room.encrypted", held, "late-key")
 
-                async def answered(event_id: str) -> bool:
-                    states = await turn_states(store_dsn, bot.user_id, [event_id])
-                    return states[event_id] is TurnState.DELIVERED
-
-                await eventually(lambda: answered(late), within=90, what="the late answer")
+                await eventually(
+                    lambda: answered(store_dsn, bot.user_id, late),
+                    within=90,
+                    what="the late answer",
+                )
                 row = await journal_row(store_dsn, bot.user_id, late)
                 assert row is not None
                 assert (row[0], row[2]) == ("actionable", "decryption_failure")
 
                 # A message in the same (now shared) session, decrypted on arrival.
                 hello = await nio.send_text(room, "hello encrypted")
-                await eventually(lambda: answered(hello), within=90, what="the answer")
+                await eventually(
+                    lambda: answered(store_dsn, bot.user_id, hello), within=90, what="the answer"
+                )
                 await nio.wait_until(
                     lambda: (
                         bool(echoes_of(nio, "hello encrypted"))
@@ -265,17 +275,13 @@ async def test_the_bot_rotates_its_session_per_the_rooms_settings(
                 passphrase=PASSPHRASE,
             ):
                 await wait_joined(client, room, bot.user_id)
-                await nio.wait_until(
-                    lambda: room in nio.client.rooms and bot.user_id in nio.client.rooms[room].users
-                )
-
-                async def answered(event_id: str) -> bool:
-                    states = await turn_states(store, bot.user_id, [event_id])
-                    return states[event_id] is TurnState.DELIVERED
+                await nio.wait_until(lambda: in_room(nio, room, bot.user_id))
 
                 for body in bodies:  # 4 events per answer (placeholder, 2 progress, final)
                     source = await nio.send_text(room, body)
-                    await eventually(lambda s=source: answered(s), what=f"{body} answered")
+                    await eventually(
+                        lambda s=source: answered(store, bot.user_id, s), what=f"{body} answered"
+                    )
                 await nio.wait_until(lambda: all(echoes_of(nio, b) for b in bodies))
             events = await room_events(client, room)
         nothing_in_the_clear(events, bot.user_id)
@@ -317,12 +323,10 @@ async def test_a_room_that_becomes_encrypted_is_never_answered_in_the_clear(
             ):
                 await wait_joined(client, room, bot.user_id)
 
-                async def answered(event_id: str) -> bool:
-                    states = await turn_states(store, bot.user_id, [event_id])
-                    return states[event_id] is TurnState.DELIVERED
-
                 plain = await client.send_text(room, "before")
-                await eventually(lambda: answered(plain), what="the plaintext answer")
+                await eventually(
+                    lambda: answered(store, bot.user_id, plain), what="the plaintext answer"
+                )
                 switched = await client.put_state(
                     room, "m.room.encryption", {"algorithm": "m.megolm.v1.aes-sha2"}
                 )
@@ -334,7 +338,9 @@ async def test_a_room_that_becomes_encrypted_is_never_answered_in_the_clear(
                     return rows or None
 
                 if with_passphrase:
-                    await eventually(lambda: answered(after), what="the encrypted answer")
+                    await eventually(
+                        lambda: answered(store, bot.user_id, after), what="the encrypted answer"
+                    )
                     await nio.wait_until(lambda: bool(echoes_of(nio, "after the switch")))
                 else:
                     rows = await eventually(rows_for_after, what="the answer's row")
@@ -387,22 +393,20 @@ async def test_a_member_leaving_rotates_the_bots_session(
                 passphrase=PASSPHRASE,
             ):
                 await wait_joined(client, room, bot.user_id)
-                await nio.wait_until(
-                    lambda: room in nio.client.rooms and bot.user_id in nio.client.rooms[room].users
-                )
+                await nio.wait_until(lambda: in_room(nio, room, bot.user_id))
                 await bob_nio.step()
 
-                async def answered(event_id: str) -> bool:
-                    states = await turn_states(store, bot.user_id, [event_id])
-                    return states[event_id] is TurnState.DELIVERED
-
                 first = await nio.send_text(room, "while bob is here")
-                await eventually(lambda: answered(first), what="the first answer")
+                await eventually(
+                    lambda: answered(store, bot.user_id, first), what="the first answer"
+                )
                 await bob_nio.wait_until(lambda: bool(echoes_of(bob_nio, "while bob is here")))
                 await bob_nio.client.room_leave(room)
                 await nio.wait_until(lambda: bob.user_id not in nio.client.rooms[room].users)
                 second = await nio.send_text(room, "bob is gone")
-                await eventually(lambda: answered(second), what="the second answer")
+                await eventually(
+                    lambda: answered(store, bot.user_id, second), what="the second answer"
+                )
                 await nio.wait_until(lambda: bool(echoes_of(nio, "bob is gone")))
             events = await room_events(client, room)
         left = next(
