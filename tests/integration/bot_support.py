@@ -46,6 +46,7 @@ async def running_bot(
     handler: Handler = echo,
     timeline_limit: int = 100,
     sidecar_limit: int = 16_000,
+    passphrase: str | None = None,
 ) -> AsyncGenerator[Bot]:
     activity = Activity.current()
     backend = await open_backend(store)
@@ -59,6 +60,7 @@ async def running_bot(
             allow_inviters=allow,
             sync_timeline_limit=timeline_limit,
             sidecar_limit=sidecar_limit,
+            passphrase=passphrase,
         ),
         backend=activity.backend(backend),
         transport=activity.transport(httpx.AsyncHTTPTransport()),

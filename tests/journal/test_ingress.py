@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,14 @@ class RecordingJournal:
             return AdmitOutcome.DUPLICATE
         self.admitted.append(event)
         return AdmitOutcome.ADMITTED
+
+    async def undecrypted_events(
+        self, room_ids: Sequence[str] | None = None, *, limit: int = 1000
+    ) -> tuple[InboundEvent, ...]:
+        return ()  # no crypto store here: nothing is ever upgraded
+
+    async def upgrade_decrypted(self, event: InboundEvent) -> AdmitOutcome:
+        return AdmitOutcome.DUPLICATE
 
     async def fence_departure(
         self, room_id: str, *, source: DepartureSource, report_id: str | None = None

@@ -138,7 +138,7 @@ from gapline.journal._export import (
     ExportSummary,
     export_conversation,
 )
-from gapline.journal._faults import ApprovalFaultPoint, FaultPoint, fault_point
+from gapline.journal._faults import ApprovalFaultPoint, CryptoFaultPoint, FaultPoint, fault_point
 from gapline.journal._handlers import (
     BUILTIN_HANDLERS,
     Conversation,
@@ -194,6 +194,7 @@ __all__ += [
     "Conversation",
     "ConversationNotReady",
     "ConversationReader",
+    "CryptoFaultPoint",
     "DeliveryWorker",
     "ExportFormat",
     "ExportSummary",

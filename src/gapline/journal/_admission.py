@@ -25,7 +25,7 @@ from gapline.journal._sql_postgres import admit_in_one_statement
 from gapline.journal._types import AdmitOutcome, InboundEvent
 from gapline.storage import Dialect, Tx
 
-__all__ = ["admit", "admit_in_steps"]
+__all__ = ["admit", "admit_in_steps", "project_admitted"]
 
 
 def admit(
@@ -64,6 +64,17 @@ def admit_in_steps(
     if row is None:
         return None
     seq = int(row[0])
+    project_admitted(tx, p, event, parsed, thread, seq)
+    if wake:
+        tx.notify(pending_channel, str(seq))
+    return seq
+
+
+def project_admitted(
+    tx: Tx, p: str, event: InboundEvent, parsed: ParsedEvent, thread: str, seq: int
+) -> None:
+    """The projection step of an admission (also of a decryption failure's upgrade):
+    the event's refresh token derives from its receipt order."""
     if parsed.kind is not ParsedKind.OTHER:
         apply_projection(
             tx,
@@ -76,6 +87,3 @@ def admit_in_steps(
             parsed=parsed,
             token=f"r{seq}",
         )
-    if wake:
-        tx.notify(pending_channel, str(seq))
-    return seq

@@ -12,6 +12,12 @@ One :class:`Bot` owns three long-lived tasks in one TaskGroup:
 
 A restart resumes from whichever step was last committed; every resend reuses
 its transaction id, so the homeserver collapses it onto the first event.
+
+With a passphrase the bot is a full participant in encrypted rooms
+(:class:`~gapline.journal._crypto.BotCrypto`, its state in the journal's database):
+ingress decrypts, hydration and the point refetch read through a decrypting source,
+the worker encrypts each row once before sending it, and progress edits are
+encrypted too. Without one, nothing is ever sent into an encrypted room.
 """
 
 from __future__ import annotations
@@ -24,11 +30,18 @@ from dataclasses import dataclass, field
 import httpx
 
 from gapline.journal._approval_flow import DEFAULT_APPROVAL_TIMEOUT, Approvals
+from gapline.journal._crypto import (
+    BotCrypto,
+    DecryptingSource,
+    EncryptingTransport,
+    RoomEncryption,
+)
 from gapline.journal._handlers import Handler
 from gapline.journal._hydration import Hydrator
 from gapline.journal._ingress import Ingress, IngressPolicy, RuntimeState
 from gapline.journal._reader import ConversationReader
 from gapline.journal._refetch import PointRefetcher
+from gapline.journal._sealing import require_no_seal
 from gapline.journal._sidecar import DEFAULT_SIDECAR_LIMIT
 from gapline.journal._store import JournalStore, PrincipalJournal
 from gapline.journal._turns import TurnRunner
@@ -56,8 +69,9 @@ class BotConfig:
     max_concurrent_turns: int = 32
     sync_timeline_limit: int = 100
     device_display_name: str = "gapline bot"
+    passphrase: str | None = None  # the store's at-rest passphrase: encrypted rooms need it
 
-    def __repr__(self) -> str:  # never print the password
+    def __repr__(self) -> str:  # never print the password or the passphrase
         return f"BotConfig(homeserver={self.homeserver!r}, user={self.user!r}, store=...)"
 
 
@@ -77,6 +91,7 @@ class Bot:
     ingress: Ingress | None = None
     reader: ConversationReader | None = None
     approvals: Approvals | None = None
+    crypto: BotCrypto | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self) -> None:
@@ -99,6 +114,20 @@ class Bot:
             device_id = new_device_id()
             await state.save_device_id(device_id)
         async with MatrixClient(self.config.homeserver, transport=self.transport) as client:
+            crypto = None
+            if self.config.passphrase is None:
+                await require_no_seal(backend, self.config.user)
+            else:
+                # Before the login: a wrong passphrase or a damaged crypto store fails here,
+                # with nothing sent and nothing loaded.
+                crypto = await BotCrypto.open(
+                    backend,
+                    client,
+                    self.config.passphrase,
+                    user_id=self.config.user,
+                    device_id=device_id,
+                )
+            self.crypto = crypto
             session = await client.login(
                 self.config.user,
                 self.config.password,
@@ -110,10 +139,16 @@ class Bot:
             log.info(
                 "logged in", extra={"user_id": session.user_id, "device_id": session.device_id}
             )
-            refetcher = PointRefetcher(journal, client, session.user_id)
-            hydrator = Hydrator(journal, client, session.user_id)
+            guard = crypto if crypto is not None else RoomEncryption(client)
+            if crypto is not None:
+                await crypto.publish()  # a new device's keys; what a previous run queued
+                log.info("end-to-end encryption on", extra=crypto.identity_keys)
+            source = client if crypto is None else DecryptingSource(client, crypto)
+            refetcher = PointRefetcher(journal, source, session.user_id)
+            hydrator = Hydrator(journal, source, session.user_id)
             self.reader = ConversationReader(journal, refetcher=refetcher, hydrator=hydrator)
-            worker = DeliveryWorker(journal, client)
+            worker = DeliveryWorker(journal, client, sealer=guard)
+            transport = EncryptingTransport(client, crypto, guard)
             self.approvals = Approvals(
                 journal,
                 session.user_id,
@@ -123,7 +158,7 @@ class Bot:
             )
             runner = TurnRunner(
                 journal,
-                client,
+                transport,
                 self.reader,
                 self.config.handler,
                 wake_delivery=worker.wake,
@@ -131,6 +166,7 @@ class Bot:
                 approvals=self.approvals,
                 sidecar_limit=self.config.sidecar_limit,
                 max_concurrent=self.config.max_concurrent_turns,
+                media_allowed=transport.plain_media_allowed,
             )
             worker.on_acknowledged = runner.acknowledged
 
@@ -150,6 +186,8 @@ class Bot:
                 ),
                 on_admitted=runner.wake,
                 on_synced=synced,
+                crypto=crypto,
+                encryption=guard if isinstance(guard, RoomEncryption) else None,
             )
             try:
                 async with asyncio.TaskGroup() as group:
@@ -173,7 +211,9 @@ class Bot:
         A seam for instrumentation (bench/bot.py wraps it to time each
         transaction); nothing else should need to override it.
         """
-        return store.principal(principal_id)
+        return store.principal(
+            principal_id, sealing=None if self.crypto is None else self.crypto.sealing
+        )
 
     async def leave(self, room_id: str) -> None:
         """Leave a room: fence first (one owed report), then ask the server.

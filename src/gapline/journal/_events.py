@@ -5,7 +5,8 @@ settled: the journal is not a cache of raw history. An actionable row keeps its 
 replay input (``source``) until terminal settlement clears it.
 
 ``settled`` is 0 while pending, 1 once settled by its consumer, 2 once force-settled
-by a membership fence. There is no durable "running" state: a crash leaves the event
+by a membership fence, 3 for a decryption failure waiting for its room key (retained,
+never pending: it enqueues no answer; ``_decryption`` upgrades it in place). There is no durable "running" state: a crash leaves the event
 pending, so it is offered again.
 """
 
@@ -22,7 +23,16 @@ from gapline.journal._types import (
     encode_thread_id,
 )
 
-__all__ = ["EPOCH_CHECKED_INSERT", "EVENT_COLUMNS", "journal_insert", "pending_event"]
+__all__ = [
+    "AWAITING_KEY",
+    "EPOCH_CHECKED_INSERT",
+    "EVENT_COLUMNS",
+    "journal_insert",
+    "pending_event",
+]
+
+AWAITING_KEY = 3
+"""``settled`` of a retained decryption failure: not pending, its ciphertext kept."""
 
 EPOCH_CHECKED_INSERT = (
     "INSERT INTO journal_events (principal_id, event_id, room_id, thread_id, sender,"
@@ -44,6 +54,7 @@ def journal_insert(p: str, event: InboundEvent, epoch: int) -> tuple[str, tuple[
     pending worker). A context-only row is stored settled, without its payload."""
     thread = encode_thread_id(event.thread_id)
     context_only = event.kind is EventKind.CONTEXT_ONLY
+    undecrypted = event.kind is EventKind.DECRYPTION_FAILURE
     content = event.content
     source = content.encode("utf-8") if isinstance(content, str) else bytes(content)
     params = (
@@ -60,12 +71,12 @@ def journal_insert(p: str, event: InboundEvent, epoch: int) -> tuple[str, tuple[
         event.redacts,
         None if context_only else event.resolved_text,
         None if context_only else source,
-        1 if context_only else 0,
+        1 if context_only else (AWAITING_KEY if undecrypted else 0),
         p,
         event.room_id,
         epoch,
     )
-    return thread, params, not context_only
+    return thread, params, not (context_only or undecrypted)
 
 
 EVENT_COLUMNS = (

@@ -28,6 +28,19 @@ An approval has one boundary of its own (:class:`ApprovalFaultPoint`):
     an answer's decision, the card's resolution edit and the answer's settlement are
     committed; the waiting turn has not resumed and nothing of it is delivered.
 
+End-to-end encryption has three (:class:`CryptoFaultPoint`):
+
+``after_to_device_before_commit``
+    a sync that carried to-device events was processed: Olm sessions advanced and
+    room keys received in memory, its timeline admitted (decrypted) and retained
+    failures upgraded; the crypto state and the sync token are not committed.
+``after_key_share_before_to_device``
+    a new room key's Olm-encrypted to-device messages are committed (queued); none
+    has been sent.
+``after_seal_before_send``
+    an answer's ciphertext and the Megolm step that made it are committed in its
+    outbox row; the event has not been sent.
+
 With ``GAPLINE_FAULT_ONCE=<path>`` the fault fires only if ``path`` does not
 exist yet (it is created just before the kill), so one environment can be
 reused across a restart.
@@ -39,7 +52,14 @@ import enum
 import os
 import signal
 
-__all__ = ["FAULT_ENV", "FAULT_ONCE_ENV", "ApprovalFaultPoint", "FaultPoint", "fault_point"]
+__all__ = [
+    "FAULT_ENV",
+    "FAULT_ONCE_ENV",
+    "ApprovalFaultPoint",
+    "CryptoFaultPoint",
+    "FaultPoint",
+    "fault_point",
+]
 
 FAULT_ENV = "GAPLINE_FAULT"
 FAULT_ONCE_ENV = "GAPLINE_FAULT_ONCE"
@@ -58,7 +78,15 @@ class ApprovalFaultPoint(enum.StrEnum):
     AFTER_DECISION_BEFORE_CONTINUATION = "after_approval_decision_before_continuation"
 
 
-def fault_point(point: FaultPoint | ApprovalFaultPoint, *, stage: str = "final") -> None:
+class CryptoFaultPoint(enum.StrEnum):
+    AFTER_TO_DEVICE_BEFORE_COMMIT = "after_to_device_before_commit"
+    AFTER_KEY_SHARE_BEFORE_TO_DEVICE = "after_key_share_before_to_device"
+    AFTER_SEAL_BEFORE_SEND = "after_seal_before_send"
+
+
+def fault_point(
+    point: FaultPoint | ApprovalFaultPoint | CryptoFaultPoint, *, stage: str = "final"
+) -> None:
     """Kill this process with SIGKILL if ``GAPLINE_FAULT`` names ``point`` (at ``stage``)."""
     wanted = os.environ.get(FAULT_ENV)
     if not wanted:

@@ -26,6 +26,15 @@ is never a turn of its own.
 
 Self-authored progress edits are not admitted at all: streaming progress is
 transport, never conversation content.
+
+Encrypted rooms (with a `BotCrypto`): one sync is one crypto step under the crypto
+lock. Room state and the sync's to-device events go to the machine first (the room
+keys they carry decrypt this very timeline), every ``m.room.encrypted`` event is
+admitted decrypted, as what it is, or as a ``DECRYPTION_FAILURE`` (retained, no answer),
+the failures whose keys arrived are upgraded in place (``AdmissionView``), and only then
+do the Olm state, the room keys and the sync token commit, in one transaction: a crash
+before it replays the same to-device batch into the same Olm state, and admission and
+the upgrade deduplicate what it redelivers.
 """
 
 from __future__ import annotations
@@ -36,13 +45,27 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import msgspec
-
+from gapline.e2ee import DecryptedEvent, RoomKeyId
 from gapline.journal._approval_cards import related_answer
-from gapline.journal._faults import FaultPoint, fault_point
+from gapline.journal._classify import (
+    MediaDownloader,
+    classify_kind,
+    inbound_event,
+    is_own_progress,
+    resolve_text,
+    thread_of,
+    visible_content,
+)
+from gapline.journal._crypto import (
+    BotCrypto,
+    RoomEncryption,
+    as_client_event,
+    decrypted_view,
+    is_encrypted_event,
+    session_of,
+)
+from gapline.journal._faults import CryptoFaultPoint, FaultPoint, fault_point
 from gapline.journal._membership import MembershipView
-from gapline.journal._progress import is_streaming_progress
-from gapline.journal._sidecar import SidecarUnresolved, resolve_sidecar, sidecar_ref
 from gapline.journal._timeline import (
     TimelineSource,
     complete_timeline,
@@ -61,7 +84,7 @@ from gapline.journal._types import (
 )
 from gapline.journal._views import AdmissionView, HistoryRecoveryRecordView, RelationView
 from gapline.matrix import ClientEvent, MatrixError, SyncResponse, UnknownToken
-from gapline.storage import Backend, Migration
+from gapline.storage import Backend, Migration, Tx
 
 __all__ = [
     "Ingress",
@@ -120,13 +143,19 @@ class RuntimeState:
         return None if row is None else str(row[0])
 
     async def put(self, key: str, value: str) -> None:
-        await self._backend.write(
-            lambda tx: tx.execute(
+        await self._backend.write(self.put_op(key, value))
+
+    def put_op(self, key: str, value: str) -> Callable[[Tx], None]:
+        """The write of ``put``, to run inside another transaction (the crypto commit)."""
+
+        def write(tx: Tx) -> None:
+            tx.execute(
                 "INSERT INTO journal_runtime_state (principal_id, key, value) VALUES (?, ?, ?) "
                 "ON CONFLICT (principal_id, key) DO UPDATE SET value = excluded.value",
                 (self._principal, key, value),
             )
-        )
+
+        return write
 
     async def sync_token(self) -> str | None:
         return await self.get("sync_token")
@@ -139,108 +168,6 @@ class RuntimeState:
 
     async def save_device_id(self, device_id: str) -> None:
         await self.put("device_id", device_id)
-
-
-# -- pure classification ---------------------------------------------------------------
-
-
-def visible_content(event: ClientEvent) -> Mapping[str, Any]:
-    """An edit's ``m.new_content``, anything else's ``content``."""
-    new = event.content.get("m.new_content")
-    if _rel_type(event) == "m.replace" and isinstance(new, Mapping):
-        return new
-    return event.content
-
-
-def _rel_type(event: ClientEvent) -> str | None:
-    relates = event.content.get("m.relates_to")
-    if isinstance(relates, Mapping):
-        rel = relates.get("rel_type")
-        return rel if isinstance(rel, str) else None
-    return None
-
-
-def thread_of(event: ClientEvent) -> str | None:
-    """The thread root an event says it belongs to, or None."""
-    relates = event.content.get("m.relates_to")
-    if isinstance(relates, Mapping) and relates.get("rel_type") == "m.thread":
-        root = relates.get("event_id")
-        return root if isinstance(root, str) else None
-    return None
-
-
-def is_own_progress(event: ClientEvent, principal_id: str) -> bool:
-    """Contract 4's predicate over a Matrix event (the store's pure function)."""
-    return is_streaming_progress(
-        principal_id=principal_id,
-        sender=event.sender,
-        rel_type=_rel_type(event),
-        visible_content=visible_content(event),
-    )
-
-
-def classify_kind(event: ClientEvent, principal_id: str, provenance: Provenance) -> EventKind:
-    """What the runtime will do with an event.
-
-    Only a new text message from someone else, delivered live or recovered,
-    is a turn: history predates us, our own messages are context, and an
-    edit revises a message rather than asking anything new.
-    """
-    if event.type == "m.room.redaction":
-        return EventKind.REDACTION
-    if event.type == "m.reaction":
-        return EventKind.REACTION
-    if (
-        event.type == "m.room.message"
-        and event.state_key is None
-        and event.sender != principal_id
-        and provenance is not Provenance.HISTORY
-        and _rel_type(event) != "m.replace"
-        and event.content.get("msgtype") in ("m.text", "m.notice", "m.emote")
-        and isinstance(event.content.get("body"), str)
-    ):
-        return EventKind.ACTIONABLE
-    return EventKind.CONTEXT_ONLY
-
-
-def inbound_event(
-    room_id: str,
-    event: ClientEvent,
-    *,
-    kind: EventKind,
-    provenance: Provenance,
-    resolved_text: str | None = None,
-) -> InboundEvent:
-    return InboundEvent(
-        event_id=event.event_id,
-        room_id=room_id,
-        thread_id=thread_of(event),
-        sender=event.sender,
-        origin_server_ts=event.origin_server_ts,
-        type=event.type,
-        content=msgspec.json.encode(event.content).decode(),
-        kind=kind,
-        provenance=provenance,
-        redacts=event.redacts,
-        resolved_text=resolved_text,
-    )
-
-
-class MediaDownloader(Protocol):
-    async def download(self, mxc_uri: str) -> bytes: ...
-
-
-async def resolve_text(event: ClientEvent, media: MediaDownloader | None) -> str | None:
-    """The resolved sidecar text of an event that carries one; None when it has none
-    or it cannot be resolved (the store then records the refresh debt)."""
-    ref = sidecar_ref(visible_content(event))
-    if ref is None or media is None:
-        return None
-    try:
-        return await resolve_sidecar(ref, media.download)
-    except SidecarUnresolved as exc:
-        log.warning("sidecar unresolved", extra={"event_id": event.event_id, "error": str(exc)})
-        return None
 
 
 # -- the loop ----------------------------------------------------------------------------
@@ -281,8 +208,9 @@ class IngressPolicy:
 class IngressJournal(
     AdmissionView, MembershipView, RelationView, HistoryRecoveryRecordView, Protocol
 ):
-    """Ingress admits events, reports departures, asks what a reply relates to and
-    records gaps it could not complete: exactly these four views."""
+    """Ingress admits events (and upgrades decryption failures), reports departures, asks
+    what a reply relates to and records gaps it could not complete: exactly these four
+    views."""
 
 
 @dataclass
@@ -295,6 +223,8 @@ class Ingress:
     policy: IngressPolicy = field(default_factory=IngressPolicy)
     on_admitted: Callable[[], None] | None = None
     on_synced: Callable[[], Awaitable[None]] | None = None
+    crypto: BotCrypto | None = None  # encrypted rooms are read only with it
+    encryption: RoomEncryption | None = None  # without it: which rooms must not get plaintext
     _first_sync_done: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -329,13 +259,108 @@ class Ingress:
                 await asyncio.sleep(delay)
                 continue
             failures = 0
-            await self.process(response, initial=since is None, since=since)
-            # Only now, with every delivered event committed, may the position move.
-            await self.state.save_sync_token(response.next_batch)
+            await self.step(response, since=since)
             since = response.next_batch
             self._first_sync_done.set()
             if self.on_synced is not None:
                 await self.on_synced()
+
+    async def step(self, response: SyncResponse, *, since: str | None) -> None:
+        """Admit one sync answer, then move the position (with the crypto state it
+        produced, in one commit, when the bot has a crypto store)."""
+        initial = since is None
+        crypto = self.crypto
+        if crypto is None:
+            if self.encryption is not None:
+                for room_id, room in response.rooms.join.items():
+                    self.encryption.observe(room_id, [*room.state.events, *room.timeline.events])
+            await self.process(response, initial=initial, since=since)
+            # Only now, with every delivered event committed, may the position move.
+            await self.state.save_sync_token(response.next_batch)
+            return
+        async with crypto.lock:
+            keys = crypto.receive(response, initial=initial)
+            await self.process(response, initial=initial, since=since)
+            await self.heal(keys.room_keys, everything=initial)
+            if response.to_device.events:
+                fault_point(CryptoFaultPoint.AFTER_TO_DEVICE_BEFORE_COMMIT)
+            await crypto.commit(self.state.put_op("sync_token", response.next_batch))
+            sent = await crypto.send_outgoing()
+            if sent.room_keys:
+                await self.heal(sent.room_keys)
+                await crypto.commit()
+
+    async def heal(self, room_keys: Sequence[RoomKeyId], *, everything: bool = False) -> int:
+        """Upgrade the retained decryption failures of these sessions (of every session
+        the machine can now open, with ``everything``); returns how many were upgraded.
+        The caller holds the crypto lock and commits the seen-index rows it adds."""
+        crypto = self.crypto
+        if crypto is None or not (room_keys or everything):
+            return 0
+        sessions = {(k.room_id, k.session_id) for k in room_keys}
+        retained = await self.journal.undecrypted_events(
+            None if everything else [k.room_id for k in room_keys], limit=10_000
+        )
+        by_room: dict[str, list[InboundEvent]] = {}
+        for event in retained:
+            if everything or (event.room_id, session_of(event)) in sessions:
+                by_room.setdefault(event.room_id, []).append(event)
+        upgraded = 0
+        for room_id, events in by_room.items():
+            ciphertexts = [as_client_event(e) for e in events]
+            results = await crypto.decrypt(room_id, ciphertexts)
+            for stored, cipher, result in zip(events, ciphertexts, results, strict=True):
+                if not isinstance(result, DecryptedEvent):
+                    continue
+                plain = decrypted_view(cipher, result)
+                if await self._upgrade(room_id, plain, stored.provenance):
+                    upgraded += 1
+        if upgraded:
+            log.info("decryption failures upgraded", extra={"events": upgraded})
+        return upgraded
+
+    async def _upgrade(self, room_id: str, event: ClientEvent, provenance: Provenance) -> bool:
+        """Admit the decrypted form of a retained failure as what it is; True if this
+        call did it (a second key, a redelivery or a restart finds it done)."""
+        if is_own_progress(event, self.principal_id):
+            kind = EventKind.CONTEXT_ONLY  # progress is transport: recorded, never projected
+        else:
+            kind = await self._kind(room_id, event, provenance)
+        resolved = await resolve_text(event, self.client)
+        outcome = await self.journal.upgrade_decrypted(
+            inbound_event(room_id, event, kind=kind, provenance=provenance, resolved_text=resolved)
+        )
+        admitted = outcome is AdmitOutcome.ADMITTED
+        if admitted and kind is not EventKind.CONTEXT_ONLY and self.on_admitted is not None:
+            self.on_admitted()
+        return admitted
+
+    async def _plaintext(
+        self, room_id: str, events: Sequence[ClientEvent]
+    ) -> tuple[list[ClientEvent], set[str]]:
+        """The events as their senders wrote them, and the ids of those that were
+        encrypted and decrypted (their failure may be retained from before)."""
+        encrypted = [e for e in events if is_encrypted_event(e)]
+        if not encrypted or self.crypto is None:
+            return list(events), set()
+        results = await self.crypto.decrypt(room_id, encrypted)
+        plain: dict[str, DecryptedEvent] = {}
+        for result in results:
+            if isinstance(result, DecryptedEvent):
+                plain[result.event_id] = result
+            else:
+                log.info(
+                    "undecryptable event retained",
+                    extra={
+                        "room_id": room_id,
+                        "event_id": result.event_id,
+                        "session_id": result.session_id,
+                        "reason": result.reason.value,
+                        "refusal": None if result.refusal is None else result.refusal.value,
+                    },
+                )
+        out = [decrypted_view(e, plain[e.event_id]) if e.event_id in plain else e for e in events]
+        return out, set(plain)
 
     async def retire_reports_of_lost_position(self) -> int:
         """Drop every owed departure report; returns how many.
@@ -420,6 +445,8 @@ class Ingress:
         cards is an ``APPROVAL_REPLY`` (the card's event id is known by then: its
         delivery was acknowledged before anyone could see the card to answer it, or the
         dispatcher holds the answer back until it is)."""
+        if is_encrypted_event(event):
+            return EventKind.DECRYPTION_FAILURE  # still ciphertext: no key, or no crypto store
         kind = classify_kind(event, self.principal_id, provenance)
         if kind not in (EventKind.ACTIONABLE, EventKind.REACTION):
             return kind
@@ -445,6 +472,7 @@ class Ingress:
         """
         if not events:
             return 0
+        events, decrypted = await self._plaintext(room_id, events)
         echoes = 0
         epoch = await self.journal.epoch(room_id)
         # Baseline record: what the timeline holds from before our (re)join was said
@@ -461,12 +489,14 @@ class Ingress:
             if index < joined_at and kind is EventKind.ACTIONABLE:
                 kind = EventKind.CONTEXT_ONLY
             resolved = await resolve_text(event, self.client)
-            outcome = await self.journal.admit(
-                inbound_event(
-                    room_id, event, kind=kind, provenance=provenance, resolved_text=resolved
-                ),
-                epoch=epoch,
+            inbound = inbound_event(
+                room_id, event, kind=kind, provenance=provenance, resolved_text=resolved
             )
+            outcome = await self.journal.admit(inbound, epoch=epoch)
+            if outcome is AdmitOutcome.DUPLICATE and event.event_id in decrypted:
+                # Redelivered with its key this time: its retained failure, if any, is
+                # upgraded now (once: the row's own state guards it).
+                outcome = await self.journal.upgrade_decrypted(inbound)
             if outcome is AdmitOutcome.STALE_EPOCH:
                 # Membership moved under this batch (a local leave): the event belongs to
                 # the membership that ended, and the new epoch must not inherit it.

@@ -45,6 +45,7 @@ from gapline.storage import Dialect, Tx
 __all__ = [
     "CLAIM_DELIVERIES",
     "DELIVERY_COLUMNS",
+    "ENCRYPTED_EVENT_TYPE",
     "acknowledge",
     "begin_turn",
     "channel",
@@ -52,6 +53,7 @@ __all__ = [
     "enqueue",
     "load_turn",
     "record_result",
+    "seal_delivery",
     "transaction_id",
     "write_delivery",
 ]
@@ -316,3 +318,33 @@ def acknowledge(tx: Tx, p: str, delivery: Delivery, event_id: str) -> AckOutcome
             (event_id, TurnState.DELIVERED.value, p, delivery.turn_id),
         )
     return AckOutcome.ACKNOWLEDGED
+
+
+ENCRYPTED_EVENT_TYPE = "m.room.encrypted"
+
+
+def seal_delivery(tx: Tx, p: str, delivery: Delivery, content: bytes) -> bool:
+    """Replace a claimed row's plaintext payload by its ``m.room.encrypted`` form, once.
+
+    Run in the transaction that saves the advanced Megolm session, so the ciphertext and
+    the ratchet step that produced it are durable together; a resend sends the stored
+    ciphertext, never a second encryption. False when the row is no longer the one
+    claimed (acknowledged, or sealed already): the caller must not send its own copy.
+    """
+    return (
+        tx.execute(
+            "UPDATE journal_outbox SET event_type = ?, content = ? WHERE principal_id = ?"
+            " AND delivery_id = ? AND stage = ? AND txn_id = ? AND event_type = ?"
+            " AND attempted = 1 AND acked_event_id IS NULL",
+            (
+                ENCRYPTED_EVENT_TYPE,
+                content,
+                p,
+                delivery.delivery_id,
+                delivery.stage.value,
+                delivery.txn_id,
+                delivery.event_type,
+            ),
+        )
+        == 1
+    )

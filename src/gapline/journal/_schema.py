@@ -252,6 +252,19 @@ def _render(template: str, *, postgres: bool) -> str:
     return template.format(**subs)
 
 
+_V3 = """
+-- An encrypted event that could not be decrypted is journaled with kind
+-- 'decryption_failure' and settled = 3: retained (its ciphertext is the source) but not
+-- pending, since it enqueues no answer. When its room key arrives the same row is
+-- upgraded in place to what the event is (its kind, type and decrypted source; settled
+-- 0 if it owes an answer, 1 if context) and upgraded_from records the class it left, so
+-- the upgrade happens once whatever redelivers the event or its key.
+ALTER TABLE journal_events ADD COLUMN upgraded_from TEXT;
+CREATE INDEX journal_events_undecrypted
+    ON journal_events (principal_id, room_id, seq) WHERE settled = 3;
+"""
+
+
 MIGRATIONS = (
     Migration(
         version=1,
@@ -264,5 +277,11 @@ MIGRATIONS = (
         name="approval cards and continuations, interactive reactions",
         sqlite=_render(_V2, postgres=False),
         postgres=_render(_V2, postgres=True),
+    ),
+    Migration(
+        version=3,
+        name="decryption failures retained until their key arrives, upgraded in place",
+        sqlite=_render(_V3, postgres=False),
+        postgres=_render(_V3, postgres=True),
     ),
 )

@@ -9,6 +9,7 @@ The methods are thin: each forwards to the module-level operation in the module 
 rule it implements, which takes an open transaction and the principal id.
 
 - ``_admission``: admit (and ``_sql_postgres``, its one-statement PostgreSQL form);
+- ``_decryption``: retained decryption failures and their one upgrade;
 - ``_replay``: pending, settle, consumer claims;
 - ``_projection``: hydration chunks, coverage, refetch installs (the reducer itself);
 - ``_projection_reads``: conversation pages, one message, coverage, refresh debts;
@@ -26,11 +27,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 
 from gapline.journal import (
     _admission,
     _approvals,
+    _decryption,
     _epochs,
     _membership,
     _outbox,
@@ -41,6 +44,7 @@ from gapline.journal import (
     _replay,
 )
 from gapline.journal._schema import MIGRATIONS, SCHEMA
+from gapline.journal._sealing import Sealing
 from gapline.journal._types import (
     AckOutcome,
     AdmitOutcome,
@@ -96,11 +100,12 @@ class JournalStore:
     def backend(self) -> Backend:
         return self._backend
 
-    def principal(self, principal_id: str) -> PrincipalJournal:
-        """The view bound to one principal (a bot's MXID)."""
+    def principal(self, principal_id: str, *, sealing: Sealing | None = None) -> PrincipalJournal:
+        """The view bound to one principal (a bot's MXID); with an active ``sealing`` every
+        content it stores is sealed (``_sealing``)."""
         if not principal_id:
             raise ValueError("a principal id is required")
-        return PrincipalJournal(self._backend, principal_id)
+        return PrincipalJournal(self._backend, principal_id, sealing or Sealing())
 
     async def open_delegated_approval(
         self, card_principal: str, continuation_principal: str, request: ApprovalRequest
@@ -121,11 +126,12 @@ class JournalStore:
 class PrincipalJournal:
     """Everything one principal may do; no method takes a principal id."""
 
-    __slots__ = ("_backend", "_outbox_channel", "_p", "_pending_channel")
+    __slots__ = ("_backend", "_outbox_channel", "_p", "_pending_channel", "_seal")
 
-    def __init__(self, backend: Backend, principal_id: str) -> None:
+    def __init__(self, backend: Backend, principal_id: str, sealing: Sealing | None = None) -> None:
         self._backend = backend
         self._p = principal_id
+        self._seal = sealing or Sealing()
         self._pending_channel = _outbox.channel("pending", principal_id)
         self._outbox_channel = _outbox.channel("outbox", principal_id)
 
@@ -183,7 +189,7 @@ class PrincipalJournal:
 
         Returns only after the commit, so a crash before it returns redelivers the event.
         """
-        parsed = _projection.parse_inbound(self._p, event)
+        event, parsed = self._sealed(event)
         return await self._backend.write(
             partial(
                 _admission.admit,
@@ -195,11 +201,42 @@ class PrincipalJournal:
             )
         )
 
+    def _sealed(self, event: InboundEvent) -> tuple[InboundEvent, _projection.ParsedEvent]:
+        """``event`` and its projection parse, as stored: contents sealed when active."""
+        parsed = _projection.parse_inbound(self._p, event)
+        if not self._seal.active:
+            return event, parsed
+        return self._seal.event(event), replace(parsed, body=self._seal.text(parsed.body))
+
+    async def undecrypted_events(
+        self, room_ids: Sequence[str] | None = None, *, limit: int = 1000
+    ) -> tuple[InboundEvent, ...]:
+        """Retained decryption failures (ciphertext as content), oldest first."""
+        events = await self._backend.read(
+            partial(_decryption.undecrypted, p=self._p, room_ids=room_ids, limit=_positive(limit))
+        )
+        return tuple(self._seal.open_event(e) for e in events)
+
+    async def upgrade_decrypted(self, event: InboundEvent) -> AdmitOutcome:
+        """Upgrade the retained failure of ``event.event_id`` into ``event``, once
+        (``DUPLICATE`` when nothing awaits, ``STALE_EPOCH`` when a fence came between)."""
+        event, parsed = self._sealed(event)
+        return await self._backend.write(
+            partial(
+                _decryption.upgrade,
+                p=self._p,
+                event=event,
+                parsed=parsed,
+                pending_channel=self._pending_channel,
+            )
+        )
+
     async def pending(self, limit: int, *, after: int | None = None) -> tuple[PendingEvent, ...]:
         """Up to ``limit`` unsettled events in durable receipt order, after ``after``."""
-        return await self._backend.read(
+        pending = await self._backend.read(
             partial(_replay.pending, p=self._p, limit=_positive(limit), after=after)
         )
+        return tuple(self._seal.open_pending(e) for e in pending)
 
     async def settle(self, event_id: str) -> bool:
         """Terminal settlement: clears the replay input. False if already settled or unknown."""
@@ -242,13 +279,15 @@ class PrincipalJournal:
                 after=after,
             )
         )
-        return _projection_reads.conversation_page(
-            rows, room_id, thread_id, limit, forward=after is not None
+        return self._seal.open_page(
+            _projection_reads.conversation_page(
+                rows, room_id, thread_id, limit, forward=after is not None
+            )
         )
 
     async def message(self, room_id: str, logical_event_id: str) -> ConversationRow | None:
         """One logical message, or None when absent, tombstoned or body-cleared."""
-        return await self._backend.read(
+        row = await self._backend.read(
             partial(
                 _projection_reads.message,
                 p=self._p,
@@ -256,6 +295,7 @@ class PrincipalJournal:
                 logical_event_id=logical_event_id,
             )
         )
+        return None if row is None else self._seal.open_row(row)
 
     async def coverage(self, key: ConversationKey) -> Coverage | None:
         return await self._backend.read(partial(_projection_reads.coverage, p=self._p, key=key))
@@ -272,7 +312,7 @@ class PrincipalJournal:
         for event in events:
             if event.room_id != room_id:
                 raise ValueError(f"event {event.event_id} is not in {room_id}")
-        parsed = [(event, _projection.parse_inbound(self._p, event)) for event in events]
+        parsed = [self._sealed(event) for event in events]
         locks = tuple(
             {
                 i
@@ -339,7 +379,7 @@ class PrincipalJournal:
                 room_id=room_id,
                 logical_event_id=logical_event_id,
                 revision=revision,
-                body=_projection.refetched_body(revision),
+                body=self._seal.text(_projection.refetched_body(revision)),
                 expected_epoch=expected_epoch,
                 expected_refresh_token=expected_refresh_token,
             )
@@ -348,17 +388,23 @@ class PrincipalJournal:
     # -- turns and outbox (_outbox) ---------------------------------------------------------
 
     async def begin_turn(self, source_event_id: str) -> TurnRecord:
-        return await self._backend.write(
-            partial(_outbox.begin_turn, p=self._p, source_event_id=source_event_id)
+        return self._seal.open_turn(
+            await self._backend.write(
+                partial(_outbox.begin_turn, p=self._p, source_event_id=source_event_id)
+            )
         )
 
     async def record_result(self, turn_id: str, result: bytes) -> TurnRecord:
-        return await self._backend.write(
-            partial(_outbox.record_result, p=self._p, turn_id=turn_id, result=result)
+        sealed = self._seal.data(result)
+        return self._seal.open_turn(
+            await self._backend.write(
+                partial(_outbox.record_result, p=self._p, turn_id=turn_id, result=sealed)
+            )
         )
 
     async def turn(self, turn_id: str) -> TurnRecord | None:
-        return await self._backend.read(partial(_outbox.load_turn, p=self._p, turn_id=turn_id))
+        turn = await self._backend.read(partial(_outbox.load_turn, p=self._p, turn_id=turn_id))
+        return None if turn is None else self._seal.open_turn(turn)
 
     async def enqueue(
         self, request: DeliveryRequest, *, settle_source: bool = False
@@ -367,14 +413,17 @@ class PrincipalJournal:
             partial(
                 _outbox.enqueue,
                 p=self._p,
-                request=request,
+                request=replace(request, content=self._seal.data(request.content)),
                 settle_source=settle_source,
                 outbox_channel=self._outbox_channel,
             )
         )
 
     async def claim(self, limit: int) -> tuple[Delivery, ...]:
-        return await self._backend.write(partial(_outbox.claim, p=self._p, limit=_positive(limit)))
+        claimed = await self._backend.write(
+            partial(_outbox.claim, p=self._p, limit=_positive(limit))
+        )
+        return tuple(self._seal.open_delivery(d) for d in claimed)
 
     async def acknowledge(self, delivery: Delivery, event_id: str) -> AckOutcome:
         return await self._backend.write(
@@ -419,7 +468,10 @@ class PrincipalJournal:
         card posted by us; None (nothing written) when the turn's membership ended."""
         return await self._backend.write(
             partial(
-                _approvals.open_approval, card_p=self._p, continuation_p=self._p, request=request
+                _approvals.open_approval,
+                card_p=self._p,
+                continuation_p=self._p,
+                request=replace(request, card_content=self._seal.data(request.card_content)),
             )
         )
 

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -145,6 +145,9 @@ class TurnRunner:
     principal_id: str
     approvals: Approvals | None = None
     sidecar_limit: int = DEFAULT_SIDECAR_LIMIT
+    # Whether an attachment (uploaded unencrypted) may serve this room; in an encrypted
+    # room a long answer goes whole in its (encrypted) event instead of as a sidecar.
+    media_allowed: Callable[[str], Awaitable[bool]] | None = None
     max_concurrent: int = 32
     poll_interval: float = 2.0
     retry_pause: float = 5.0
@@ -408,7 +411,10 @@ class TurnRunner:
         async def upload(data: bytes, content_type: str) -> str:
             return await self.transport.upload(data, content_type=content_type)
 
-        body, extra = await attach_sidecar(text, self.sidecar_limit, upload)
+        limit = self.sidecar_limit
+        if self.media_allowed is not None and not await self.media_allowed(turn.room_id):
+            limit = len(text)
+        body, extra = await attach_sidecar(text, limit, upload)
         request = DeliveryRequest(
             turn_id=turn.turn_id,
             delivery_id=turn.turn_id,

@@ -68,6 +68,14 @@ class AdmissionView(Protocol):
 
     async def admit(self, event: InboundEvent, *, epoch: int) -> AdmitOutcome: ...
 
+    # A decryption failure is admitted retained (no answer) and upgraded once, in place,
+    # when its room key arrives: the second half of its admission (``_decryption``).
+    async def undecrypted_events(
+        self, room_ids: Sequence[str] | None = None, *, limit: int = 1000
+    ) -> tuple[InboundEvent, ...]: ...
+
+    async def upgrade_decrypted(self, event: InboundEvent) -> AdmitOutcome: ...
+
 
 class ReplayView(Protocol):
     """The pending worker: committed events in receipt order, terminal settlement."""

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from gapline.journal._crypto import EncryptionUnavailable
 from gapline.journal._faults import FaultPoint, fault_point
 from gapline.journal._progress import STREAM_STATUS_KEY
 from gapline.journal._types import AckOutcome, Delivery, DeliveryStage
@@ -40,6 +41,7 @@ from gapline.journal._views import MatrixDeliveryView
 from gapline.matrix import Forbidden, MatrixError, MatrixHTTPError
 
 __all__ = [
+    "DeliverySealer",
     "DeliverySender",
     "DeliveryWorker",
     "edit_content",
@@ -99,6 +101,14 @@ def edit_content(
 AckListener = Callable[[Delivery, str], None]
 
 
+class DeliverySealer(Protocol):
+    """Turns a claimed row into what may be sent: its stored ciphertext in an encrypted
+    room (encrypting and storing it once), the row itself elsewhere. Raises when the
+    room is encrypted and the row cannot be encrypted: nothing goes out in the clear."""
+
+    async def seal(self, delivery: Delivery) -> Delivery: ...
+
+
 @dataclass
 class _Backoff:
     failures: int = 0
@@ -116,6 +126,7 @@ class DeliveryWorker:
     view: MatrixDeliveryView
     sender: DeliverySender
     on_acknowledged: AckListener | None = None
+    sealer: DeliverySealer | None = None
     batch: int = 32
     poll_interval: float = 2.0
     max_backoff: float = 30.0
@@ -210,11 +221,16 @@ class DeliveryWorker:
         fault_point(FaultPoint.AFTER_CLAIM_BEFORE_SEND, stage=stage)
         key = (delivery.delivery_id, delivery.stage)
         try:
+            if self.sealer is not None:
+                delivery = await self.sealer.seal(delivery)
             content = msgspec.json.decode(delivery.content)
             event_id = await self.sender.send_event(
                 delivery.room_id, delivery.event_type, content, txn_id=delivery.txn_id
             )
         except MatrixError as exc:
+            self._record_failure(key, delivery, exc)
+            return False
+        except EncryptionUnavailable as exc:
             self._record_failure(key, delivery, exc)
             return False
         fault_point(FaultPoint.AFTER_SEND_BEFORE_ACKNOWLEDGEMENT, stage=stage)
@@ -236,13 +252,18 @@ class DeliveryWorker:
         return outcome is AckOutcome.ACKNOWLEDGED
 
     def _record_failure(
-        self, key: tuple[str, DeliveryStage], delivery: Delivery, exc: MatrixError
+        self,
+        key: tuple[str, DeliveryStage],
+        delivery: Delivery,
+        exc: MatrixError | EncryptionUnavailable,
     ) -> None:
         state = self._backoff.setdefault(key, _Backoff())
         state.failures += 1
         # Forbidden (we left the room) is retried slowly: the row is attempted, its
         # outcome unknown, and a rejoin must still collapse onto the same event.
-        base = 5.0 if isinstance(exc, Forbidden) else 0.5
+        # So is a row that cannot be encrypted for its room (it stays unsent, in the clear
+        # nowhere): the operator has to act, and the log says what to do.
+        base = 5.0 if isinstance(exc, Forbidden | EncryptionUnavailable) else 0.5
         delay = min(self.max_backoff, base * 2 ** (state.failures - 1))
         state.not_before = time.monotonic() + delay
         log.warning(

@@ -17,17 +17,20 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 import time
 from collections.abc import Coroutine
 
 from gapline.clikit import (
+    PASSPHRASE,
     PASSWORD,
     CommandError,
     Exit,
     add_log_flags,
     add_login_flags,
+    add_secret_flags,
     dsn,
     examples,
     log_level,
@@ -35,13 +38,22 @@ from gapline.clikit import (
     resolve_secret,
     user_id,
 )
+from gapline.e2ee import E2eeError
 from gapline.journal._bot import Bot, BotConfig
 from gapline.journal._handlers import BUILTIN_HANDLERS, HandlerError, resolve_handler
 from gapline.journal._sidecar import DEFAULT_SIDECAR_LIMIT
+from gapline.journal._types import JournalError
 from gapline.matrix import MatrixError
 from gapline.storage import StorageError
 
-__all__ = ["EXAMPLES", "JsonLogFormatter", "configure", "configure_logging", "run"]
+__all__ = [
+    "EXAMPLES",
+    "JsonLogFormatter",
+    "configure",
+    "configure_logging",
+    "given_passphrase",
+    "run",
+]
 
 log = logging.getLogger("gapline.journal.bot")
 
@@ -136,7 +148,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="replies longer than N characters are sent as a preview plus an attachment",
     )
+    add_secret_flags(parser, PASSPHRASE)
     add_log_flags(parser)
+
+
+def given_passphrase(args: argparse.Namespace) -> str | None:
+    """The store's passphrase from --passphrase-file, --passphrase or $GAPLINE_PASSPHRASE;
+    None when none gives one (the bot: no encrypted rooms; journal read: an unsealed
+    journal). Never asked on a terminal: most journals have none."""
+    if (
+        getattr(args, PASSPHRASE.file_dest, None) is None
+        and getattr(args, PASSPHRASE.name, None) is None
+        and PASSPHRASE.env not in os.environ
+    ):
+        return None
+    return resolve_secret(args, PASSPHRASE, prompt="", required=False, warn=log.warning)
 
 
 def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
@@ -151,6 +177,7 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
         args, PASSWORD, prompt=f"password for {args.user}: ", warn=log.warning
     )
     assert password is not None
+    passphrase = given_passphrase(args)
     config = BotConfig(
         homeserver=args.homeserver,
         user=args.user,
@@ -160,6 +187,7 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
         allow_inviters=frozenset(args.allow_inviter),
         approvers=frozenset(args.approver),
         sidecar_limit=args.sidecar_limit,
+        passphrase=passphrase,
     )
     return _run(config)
 
@@ -201,7 +229,7 @@ async def _until_signal(bot: Bot) -> int:
         main.uncancel()
         log.info("stopped", extra={"uptime_s": round(time.monotonic() - started, 1)})
         return Exit.OK
-    except (MatrixError, StorageError) as exc:
+    except (MatrixError, StorageError, E2eeError, JournalError) as exc:
         log.error("bot failed", extra={"error": str(exc), "error_type": type(exc).__name__})
         return Exit.FAILED
     finally:

@@ -38,8 +38,10 @@ import sys
 from collections.abc import AsyncGenerator, Callable, Coroutine
 
 from gapline.clikit import (
+    PASSPHRASE,
     CommandError,
     Exit,
+    add_secret_flags,
     bounded_int,
     dsn,
     event_id,
@@ -52,8 +54,10 @@ from gapline.clikit import (
 from gapline.journal._export import ExportFormat, ExportSummary, export_conversation, row_line
 from gapline.journal._reader import ConversationReader, StaleConversation
 from gapline.journal._schema import SCHEMA
+from gapline.journal._sealing import SealedContent, open_sealing
 from gapline.journal._store import JournalStore
 from gapline.journal._types import ConversationKey, ConversationPage, Cursor, InvalidCursor
+from gapline.journal.cli_bot import given_passphrase
 from gapline.storage import Backend, MigrationError, StorageError
 
 __all__ = ["EXAMPLES", "configure", "run"]
@@ -110,6 +114,7 @@ def _conversation_flags(parser: argparse.ArgumentParser, *, room_help: str) -> N
         metavar="EVENT_ID",
         help="this thread (its root event ID) instead of the room's main timeline",
     )
+    add_secret_flags(parser, PASSPHRASE)
 
 
 def _strict_flag(parser: argparse.ArgumentParser) -> None:
@@ -204,8 +209,12 @@ async def _reader(args: argparse.Namespace) -> AsyncGenerator[ConversationReader
         raise CommandError(f"cannot open --store {args.store}: {exc}", Exit.STORE) from None
     try:
         await _require_journal(backend, args.store)
+        passphrase = given_passphrase(args)
+        sealing = None if passphrase is None else await open_sealing(backend, passphrase)
         store = await JournalStore.open(backend)
-        yield ConversationReader(store.principal(args.principal))
+        yield ConversationReader(store.principal(args.principal, sealing=sealing))
+    except SealedContent as exc:
+        raise CommandError(f"cannot read --store {args.store}: {exc}") from None
     except StaleConversation as exc:
         raise CommandError(str(exc), Exit.STALE) from None
     except MigrationError as exc:  # a journal written by a newer gapline
