@@ -43,6 +43,7 @@ from typing import Any
 
 from gapline.history._cache_store import CacheStore, Cipher
 from gapline.history._commits import Commits
+from gapline.history._crypto import EngineCrypto
 from gapline.history._operations import Operations, Room
 from gapline.history._quotes import Quotes
 from gapline.history._sending import Sending
@@ -115,8 +116,10 @@ class Engine:
         tg: asyncio.TaskGroup,
         sync_timeline_limit: int | None,
         sync_timeout_ms: int,
+        e2ee: bool = False,
     ) -> None:
         self.store = store
+        self.crypto = EngineCrypto(store, client) if e2ee and client is not None else None
         self.client = client
         self.config = config
         self._publish = publish
@@ -141,6 +144,7 @@ class Engine:
             timeline_limit=sync_timeline_limit,
             timeout_ms=sync_timeout_ms,
             typing=self._typing,
+            crypto=self.crypto,
         )
         self._quotes = Quotes(client, self._commits, tg, self.flush_history)
         self._sending = Sending(store, client, self._commits, self.flush_history)
@@ -174,6 +178,7 @@ class Engine:
         sync_timeout_ms: int = 30_000,
         kdf_cost: Any = None,
         cipher: Cipher | None = None,
+        e2ee: bool = False,
     ) -> AsyncGenerator[Engine]:
         """Open the store (checking the passphrase before anything else), start syncing.
 
@@ -183,6 +188,8 @@ class Engine:
         publishes nowhere. ``sync=False`` runs no sync loop (drive it with
         :meth:`sync_once`). A wrong passphrase raises
         :class:`~gapline.storage.WrongPassphrase` before any network request.
+        ``e2ee=True`` takes part in encrypted rooms: the device's crypto machine lives
+        in the same store, opened once the client is logged in (at the first sync).
         """
         own_backend = isinstance(store, (str, os.PathLike))
         if isinstance(store, (str, os.PathLike)):
@@ -215,6 +222,7 @@ class Engine:
                     tg=tg,
                     sync_timeline_limit=sync_timeline_limit,
                     sync_timeout_ms=sync_timeout_ms,
+                    e2ee=e2ee,
                 )
                 if sync and client is not None:
                     engine.start_sync()

@@ -53,6 +53,7 @@ from gapline.history._updates import (
     MembersUpdated,
     ReceiptsChanged,
     RelationIndexed,
+    RowChanged,
     RowsHidden,
     StoredEvent,
     Update,
@@ -363,6 +364,33 @@ class Sections:
         for before, after in zip(stored, placed.events, strict=True):
             if after is not before.event:
                 self._emit(EventRewritten(before.key, after, before.sender_name))
+        for effect in effects:
+            self._emit(effect)
+
+    def heal(self, stored: Sequence[StoredEvent]) -> None:
+        """Retained events that could not be decrypted and now are (oldest first, each
+        carrying its plaintext event): stored again, passed through the rules as if they
+        had just arrived, and each shown row changed in place (same row id)."""
+        if not stored:
+            return
+        self.store.relations.forget(self.tx, self.agg_room, [s.event_id for s in stored],
+                                    self.known_keys)  # fmt: skip
+        self.names.update((s.event_id, s.sender_name) for s in stored if s.sender_name)
+        self.admission.placing = False
+        placed, effects = self.admission.admit(EventsAdded(0, 0, tuple(s.event for s in stored)))
+        self.admission.placing = True
+        assert placed.items is not None and placed.shown is not None
+        hidden = []
+        for before, after, item, shown in zip(
+            stored, placed.events, placed.items, placed.shown, strict=True
+        ):
+            self._emit(EventRewritten(before.key, after, before.sender_name))
+            if shown:
+                self._emit(RowChanged(item))
+            else:
+                hidden.append(before.key)
+        if hidden:
+            self._emit(RowsHidden(tuple(hidden)))
         for effect in effects:
             self._emit(effect)
 

@@ -17,12 +17,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gapline.e2ee import Changes, KeyUpdates, save_changes
 from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
+from gapline.history._crypto import EngineCrypto
 from gapline.history._failures import describe
+from gapline.history._healing import heal, index_undecrypted
 from gapline.history._sections import Sections
 from gapline.history._updates import Update
-from gapline.matrix import MatrixClient, MatrixError, SyncResponse, UnknownToken
+from gapline.matrix import ClientEvent, MatrixClient, MatrixError, SyncResponse, UnknownToken
 from gapline.storage import StorageError, Tx
 
 __all__ = ["Sync", "commit_sync", "typing_of"]
@@ -53,6 +56,27 @@ def commit_sync(
     return None, out
 
 
+def commit_encrypted_sync(
+    store: CacheStore,
+    tx: Tx,
+    response: SyncResponse,
+    changes: Changes | None,
+    healed: dict[str, list[ClientEvent]],
+) -> tuple[None, dict[str, list[Update]]]:
+    """:func:`commit_sync` of a sync whose encrypted events were decrypted, with the
+    crypto machine's changes (Olm state, room keys, to-device delivered: one token, one
+    transaction), its undecryptable events indexed, and the retained events its keys
+    decrypted healed in place."""
+    if changes is not None:
+        save_changes(tx, changes)
+    _, out = commit_sync(store, tx, response)
+    for room_id, joined in response.rooms.join.items():
+        index_undecrypted(store, tx, room_id, joined.timeline.events)
+    for room_id, events in healed.items():
+        out.setdefault(room_id, []).extend(heal(store, tx, room_id, events).get(room_id, []))
+    return None, out
+
+
 def typing_of(response: SyncResponse) -> dict[str, tuple[str, ...]]:
     """Who types in each room whose typing changed in this sync (``m.typing``)."""
     out: dict[str, tuple[str, ...]] = {}
@@ -77,7 +101,9 @@ class Sync:
         timeline_limit: int | None,
         timeout_ms: int,
         typing: Callable[[str, tuple[str, ...]], Awaitable[None]] | None = None,
+        crypto: EngineCrypto | None = None,
     ) -> None:
+        self._crypto = crypto
         self._store = store
         self._client = client
         self._commits = commits
@@ -102,18 +128,71 @@ class Sync:
         if initial:
             token = None
         response = await self._client.sync(since=token, timeout_ms=timeout_ms, filter=self._filter)
-        await self.ingest(response)
+        await self.ingest(response, initial=token is None)
         return response
 
-    async def ingest(self, response: SyncResponse) -> None:
-        """Commit one sync answer (see :func:`commit_sync`) and show it in the open rooms."""
-        await self._commits.run(lambda tx: commit_sync(self._store, tx, response))
+    async def ingest(self, response: SyncResponse, *, initial: bool = False) -> None:
+        """Commit one sync answer (see :func:`commit_sync`) and show it in the open rooms;
+        with encryption, decrypted first and committed with the machine's changes."""
+        crypto = self._crypto
+        if crypto is not None and await crypto.ensure() is not None:
+            await self._ingest_encrypted(crypto, response, initial=initial)
+        else:
+            await self._commits.run(lambda tx: commit_sync(self._store, tx, response))
+        self._after(response)
+        for room_id in response.rooms.join:
+            await self._flush_room(room_id)
+        if crypto is not None and crypto.ready:
+            await self.after_keys(crypto, await crypto.send_outgoing())
+        await self._announce(response)
+
+    async def _ingest_encrypted(
+        self, crypto: EngineCrypto, response: SyncResponse, *, initial: bool
+    ) -> None:
+        response, updates = await crypto.prepare_sync(response, initial=initial)
+        healed = await crypto.healing(updates.room_keys)
+        changes = crypto.take_changes()
+        store = self._store
+        try:
+            await self._commits.run(
+                lambda tx: commit_encrypted_sync(store, tx, response, changes, healed)
+            )
+        except Exception:
+            await crypto.reopen()  # the machine is ahead of what is durable
+            raise
+
+    async def after_keys(self, crypto: EngineCrypto, updates: KeyUpdates) -> None:
+        """Heal the retained events of the keys a request's answer delivered (a waiting
+        to-device payload handled once its sender's keys were known)."""
+        healed = await crypto.healing(updates.room_keys)
+        changes = crypto.take_changes()
+        if not healed and changes is None:
+            return
+        store = self._store
+
+        def op(tx: Tx) -> tuple[None, dict[str, list[Update]]]:
+            if changes is not None:
+                save_changes(tx, changes)
+            out: dict[str, list[Update]] = {}
+            for room_id, events in healed.items():
+                out.update(heal(store, tx, room_id, events))
+            return None, out
+
+        try:
+            await self._commits.run(op)
+        except Exception:
+            await crypto.reopen()  # the machine is ahead of what is durable
+            raise
+        for room_id in healed:
+            await self._flush_room(room_id)
+
+    def _after(self, response: SyncResponse) -> None:
         joined = set(response.rooms.join)
         self.joined = (
             joined if self.joined is None else (self.joined | joined) - set(response.rooms.leave)
         )
-        for room_id in response.rooms.join:
-            await self._flush_room(room_id)
+
+    async def _announce(self, response: SyncResponse) -> None:
         if self._typing is not None:
             for room_id, users in typing_of(response).items():
                 await self._typing(room_id, users)

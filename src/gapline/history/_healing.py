@@ -1,0 +1,161 @@
+"""Undecryptable events, retained and indexed by Megolm session, and healed in place.
+
+An event that could not be decrypted is a row like any other (its ciphertext
+body sealed at rest like every body) plus an entry in ``history_utd``
+(schema ``history_e2ee``): (room, keyed hash of the session id, keyed hash of
+the event id). When a session's key arrives, :func:`undecrypted_of` reads
+that session's retained events, the caller decrypts them on the event loop,
+and :func:`heal` rewrites each one that decrypted, in one write: the stored
+event becomes the plaintext event, it passes the relation rules as if it had
+just arrived (an edit applies, a reaction counts), and its row changes by one
+``RowChanged`` (a ``Set`` diff, same row id, never a reset). An event that
+still does not decrypt keeps its entry; an entry whose event is gone or
+already decrypted is dropped.
+
+The schema is its own (``history_e2ee``) so it migrates independently of the
+cache's numbered migrations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from gapline.history._cache_store import CacheStore
+from gapline.history._decryption import is_undecrypted
+from gapline.history._sections import Sections
+from gapline.history._updates import StoredEvent, Update
+from gapline.matrix import ClientEvent
+from gapline.storage import Migration, Tx
+
+__all__ = [
+    "UTD_MIGRATIONS",
+    "UTD_SCHEMA",
+    "heal",
+    "index_undecrypted",
+    "undecrypted_of",
+    "undecrypted_sessions",
+]
+
+UTD_SCHEMA = "history_e2ee"
+
+_SQLITE_V1 = """
+CREATE TABLE history_utd (
+    room INTEGER NOT NULL,          -- history_room.rid of the room
+    session BLOB NOT NULL,          -- keyed hash of the Megolm session id
+    session_id BLOB NOT NULL,       -- the session id, sealed (aad: room hash || session hash)
+    event BLOB NOT NULL,            -- keyed hash of the event id (history_event.event)
+    PRIMARY KEY (room, session, event)
+) WITHOUT ROWID;
+"""
+
+UTD_MIGRATIONS = [
+    Migration(
+        1,
+        "undecryptable events by Megolm session",
+        sqlite=_SQLITE_V1,
+        postgres=_SQLITE_V1.replace(") WITHOUT ROWID;", ");").replace("BLOB", "BYTEA"),
+    )
+]
+
+_CHUNK = 400
+
+
+def _session_key(store: CacheStore, session_id: str) -> bytes:
+    return store.cipher.lookup_key("megolm-session:" + session_id)[:16]
+
+
+def index_undecrypted(
+    store: CacheStore, tx: Tx, room_id: str, events: Iterable[ClientEvent]
+) -> None:
+    """Remember the undecryptable events among ``events`` under their sessions."""
+    marked = [e for e in events if is_undecrypted(e)]
+    if not marked:
+        return
+    room = store.note_room(tx, room_id)
+    rows = []
+    for event in marked:
+        session_id = str(event.unsigned["io.gapline.decryption"].get("session_id") or "")
+        skey = _session_key(store, session_id)
+        sealed = store.cipher.encrypt(session_id.encode(), room.key + skey)
+        rows.append((room.rid, skey, sealed, store.event_key(event.event_id)))
+    tx.executemany(
+        "INSERT INTO history_utd (room, session, session_id, event) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT DO NOTHING",
+        rows,
+    )
+
+
+def undecrypted_sessions(store: CacheStore, tx: Tx) -> list[tuple[str, str]]:
+    """Every (room id, session id) with retained undecryptable events (a sweep at start)."""
+    out: list[tuple[str, str]] = []
+    rooms = {int(rid): bytes(key) for rid, key in tx.all("SELECT rid, room FROM history_room")}
+    for rid, skey, sealed in tx.all(
+        "SELECT room, session, MIN(session_id) FROM history_utd GROUP BY room, session"
+    ):
+        key = rooms.get(int(rid))
+        if key is None:
+            continue
+        row = tx.one("SELECT room_id FROM history_room WHERE rid = ?", (int(rid),))
+        assert row is not None
+        room_id = store.cipher.decrypt(bytes(row[0]), key).decode()
+        session_id = store.cipher.decrypt(bytes(sealed), key + bytes(skey)).decode()
+        out.append((room_id, session_id))
+    return out
+
+
+def undecrypted_of(
+    store: CacheStore, tx: Tx, room_id: str, session_ids: Iterable[str]
+) -> list[ClientEvent]:
+    """The retained undecryptable events of these sessions in the room, oldest first."""
+    room = store.find_room(tx, room_id)
+    if room is None:
+        return []
+    keys: list[bytes] = []
+    for session_id in dict.fromkeys(session_ids):
+        keys.extend(
+            bytes(e)
+            for (e,) in tx.all(
+                "SELECT event FROM history_utd WHERE room = ? AND session = ?",
+                (room.rid, _session_key(store, session_id)),
+            )
+        )
+    found: list[tuple[int, int, ClientEvent]] = []
+    for start in range(0, len(keys), _CHUNK):
+        chunk = keys[start : start + _CHUNK]
+        marks = ",".join("?" * len(chunk))
+        for ord_, pos, event, body in tx.all(
+            "SELECT ord, pos, event, body FROM history_event"
+            f" WHERE room = ? AND event IN ({marks})",
+            (room.rid, *chunk),
+        ):
+            stored, _ = store.open_body(room.key + bytes(event), body)
+            if is_undecrypted(stored):
+                found.append((int(ord_), int(pos), stored))
+    found.sort(key=lambda f: (f[0], f[1]))
+    return [e for _, _, e in found]
+
+
+def heal(
+    store: CacheStore, tx: Tx, room_id: str, decrypted: Sequence[ClientEvent]
+) -> dict[str, list[Update]]:
+    """Rewrite the retained events that decrypted now (``decrypted``: as the cache keeps
+    them) and show them; drop their index entries."""
+    if not decrypted:
+        return {}
+    sections = Sections(store, tx, room_id)
+    ids = [e.event_id for e in decrypted]
+    retained = store.retained(tx, sections.room, ids, sections.known_keys)
+    todo: list[StoredEvent] = []
+    for event in decrypted:
+        held = retained.get(event.event_id)
+        if held is None or not is_undecrypted(held.event):
+            continue  # gone, or another write healed it first
+        todo.append(StoredEvent(held.ord, held.pos, event, held.sender_name))
+    todo.sort(key=lambda s: s.key)
+    sections.heal(todo)
+    keys = store.event_keys(ids)
+    tx.executemany(
+        "DELETE FROM history_utd WHERE room = ? AND event = ?",
+        [(sections.room.rid, k) for k in keys],
+    )
+    return {room_id: sections.updates}

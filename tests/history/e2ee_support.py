@@ -1,0 +1,152 @@
+"""An engine with encryption in front of the in-memory key server, and a peer to talk to.
+
+The engine's client sends its key requests to ``tests.e2ee.keyserver.KeyServer``
+(the same endpoints a homeserver serves); the room's timeline is written by
+the test as sync answers, and the peer is a bare `CryptoMachine` (``Peer``)
+that shares its room key over Olm through the same server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+
+from gapline.history import Engine, Event
+from gapline.matrix import (
+    ClientEvent,
+    JoinedRoom,
+    MatrixClient,
+    Rooms,
+    Session,
+    StateBlock,
+    Timeline,
+)
+from gapline.storage import KdfParams
+from tests.e2ee.harness import Clock, Peer
+from tests.e2ee.keyserver import KeyServer
+
+ALICE = ("@alice:x", "A1")
+ROOM = "!enc:x"
+MEGOLM = {"algorithm": "m.megolm.v1.aes-sha2"}
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def publish(self, event: Event) -> None:
+        self.events.append(event)
+
+
+@dataclass
+class Scene:
+    server: KeyServer
+    clock: Clock
+    engine: Engine
+    sink: Sink
+    bob: Peer
+    ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    def state(
+        self, event_type: str, state_key: str, content: dict[str, Any], sender: str = "@bob:x"
+    ) -> ClientEvent:
+        return ClientEvent(
+            event_id=f"$s{next(self.ids)}",
+            type=event_type,
+            sender=sender,
+            origin_server_ts=1_000 + next(self.ids),
+            content=content,
+            state_key=state_key,
+        )
+
+    def encrypted(self, body: str, **extra: Any) -> ClientEvent:
+        """A message bob encrypts (sharing his session first when it is new)."""
+        machine = self.bob.machine
+        for _ in range(6):
+            report = machine.share_room_key(ROOM, ["@alice:x", "@bob:x"])
+            self.bob.pump()
+            if report.state.name == "READY":
+                break
+        content = machine.encrypt_room_event(
+            ROOM, "m.room.message", {"msgtype": "m.text", "body": body, **extra}
+        )
+        self.bob.commit()
+        n = next(self.ids)
+        return ClientEvent(
+            event_id=f"$e{n}",
+            type="m.room.encrypted",
+            sender="@bob:x",
+            origin_server_ts=2_000 + n,
+            content=content,
+        )
+
+    async def sync(self, *events: ClientEvent, state: tuple[ClientEvent, ...] = ()) -> None:
+        """One sync answer for alice: the key server's to-device part, and these events."""
+        base = self.server.sync(*ALICE)
+        joined = JoinedRoom(
+            timeline=Timeline(events=list(events)), state=StateBlock(events=list(state))
+        )
+        response = msgspec.structs.replace(base, rooms=Rooms(join={ROOM: joined}))
+        await self.engine.ingest(response)
+
+    async def join_encrypted_room(self) -> None:
+        await self.sync(
+            self.state("m.room.create", "", {"creator": "@bob:x"}),
+            self.state("m.room.member", "@bob:x", {"membership": "join"}),
+            self.state("m.room.encryption", "", MEGOLM),
+            self.state("m.room.member", "@alice:x", {"membership": "join"}, sender="@alice:x"),
+        )
+        self.bob.sync()  # bob sees alice's new device
+
+    def rows(self) -> list[Any]:
+        return list(self.engine.timeline(ROOM).state.items)
+
+
+def alice_client(server: KeyServer) -> MatrixClient:
+    """Alice's client: the key endpoints from ``server``; a room's history has nothing
+    older than what the test syncs (``/messages`` answers an empty last page)."""
+    server.register(*ALICE)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.raw_path.decode()
+        if "/messages" in path.split("?")[0]:
+            return httpx.Response(200, json={"chunk": [], "start": "t0"})
+        body = json.loads(request.content) if request.content else None
+        return httpx.Response(200, json=server._answer(ALICE, path, body))
+
+    return MatrixClient(
+        "https://hs.example",
+        session=Session("https://hs.example", ALICE[0], ALICE[1], "t"),
+        transport=httpx.MockTransport(handler),
+    )
+
+
+@contextlib.asynccontextmanager
+async def scene(
+    store: Path, server: KeyServer | None = None, bob: Peer | None = None
+) -> AsyncGenerator[Scene]:
+    server = server or KeyServer()
+    clock = Clock()
+    if bob is None:
+        bob = Peer(server, "@bob:x", "B1", clock)
+        bob.pump()
+        bob.machine.set_room_encryption(ROOM, MEGOLM)
+        bob.machine.update_tracked_users(["@alice:x", "@bob:x"])
+        bob.commit()
+    sink = Sink()
+    async with (
+        alice_client(server) as client,
+        Engine.open(
+            store, client, passphrase="pw", sink=sink, sync=False, e2ee=True,
+            kdf_cost=KdfParams.cheap(),
+        ) as engine,
+    ):  # fmt: skip
+        yield Scene(server, clock, engine, sink, bob)

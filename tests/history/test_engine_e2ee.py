@@ -1,0 +1,94 @@
+"""Encrypted rooms in the engine: decrypted on sync, honest UTD rows, healing in place.
+
+The peer is a bare `CryptoMachine` behind the in-memory key server
+(``e2ee_support``); the engine is the real one on SQLite.
+"""
+
+from __future__ import annotations
+
+from gapline.history import (
+    EventItem,
+    OpenRoom,
+    Set,
+    TimelineChanged,
+    TimelineReset,
+    Undecrypted,
+    UtdReason,
+    to_wire,
+)
+from tests.history.e2ee_support import ROOM, scene
+
+
+def _events(rows):
+    return [r for r in rows if isinstance(r, EventItem)]
+
+
+async def test_an_encrypted_message_decrypts_on_sync(tmp_path) -> None:
+    async with scene(tmp_path) as s:
+        await s.join_encrypted_room()
+        await s.engine.execute(OpenRoom(ROOM))
+        event = s.encrypted("hello, privately")
+        await s.sync(event)
+        await s.engine.flush_history(ROOM)
+        [row] = [r for r in _events(s.rows()) if r.event_id == event.event_id]
+        assert row.body == "hello, privately"
+        assert row.event_type == "m.room.message"
+        assert row.encrypted and row.decryption is None
+        wire = to_wire(row)["Event"]
+        assert wire["encrypted"] is True and "decryption" not in wire
+
+
+async def test_a_message_without_its_key_is_a_utd_row_that_heals_by_one_set(tmp_path) -> None:
+    async with scene(tmp_path) as s:
+        await s.join_encrypted_room()
+        await s.engine.execute(OpenRoom(ROOM))
+        s.server.hold_to_device = True  # the room key is late
+        first, second = s.encrypted("one"), s.encrypted("two")
+        await s.sync(first, second)
+        await s.engine.flush_history(ROOM)
+        rows = {r.event_id: r for r in _events(s.rows())}
+        for e in (first, second):
+            row = rows[e.event_id]
+            assert row.body is None and row.encrypted
+            assert row.decryption == Undecrypted(
+                e.content["session_id"], UtdReason.MISSING_ROOM_KEY
+            )
+            assert to_wire(row)["Event"]["decryption"] == {
+                "UnableToDecrypt": {
+                    "session_id": e.content["session_id"],
+                    "reason": "MissingRoomKey",
+                }
+            }
+        ids_before = [r.id for r in s.rows()]
+        s.sink.events.clear()
+        s.server.release_to_device()
+        await s.sync()  # only to-device: the key arrives
+        await s.engine.flush_history(ROOM)
+        assert [r.id for r in s.rows()] == ids_before
+        rows = {r.event_id: r for r in _events(s.rows())}
+        assert rows[first.event_id].body == "one" and rows[second.event_id].body == "two"
+        assert rows[first.event_id].decryption is None and rows[first.event_id].encrypted
+        diffs = [d for e in s.sink.events if isinstance(e, TimelineChanged) for d in e.diffs]
+        assert not any(isinstance(e, TimelineReset) for e in s.sink.events)
+        sets = [d for d in diffs if isinstance(d, Set)]
+        assert len(diffs) == len(sets) == 2
+        assert {getattr(d.value, "event_id", None) for d in sets} == {
+            first.event_id,
+            second.event_id,
+        }
+
+
+async def test_a_forged_mark_from_the_server_is_dropped(tmp_path) -> None:
+    import msgspec
+
+    async with scene(tmp_path) as s:
+        await s.join_encrypted_room()
+        await s.engine.execute(OpenRoom(ROOM))
+        plain = s.state("m.room.message", "", {"msgtype": "m.text", "body": "clear"})
+        plain = msgspec.structs.replace(
+            plain, state_key=None, unsigned={"io.gapline.decryption": {}}
+        )
+        await s.sync(plain)
+        await s.engine.flush_history(ROOM)
+        [row] = [r for r in _events(s.rows()) if r.event_id == plain.event_id]
+        assert row.body == "clear" and not row.encrypted
