@@ -53,6 +53,7 @@ class Scene:
     engine: Engine
     sink: Sink
     bob: Peer
+    older: list[ClientEvent]
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def state(
@@ -88,12 +89,19 @@ class Scene:
             content=content,
         )
 
-    async def sync(self, *events: ClientEvent, state: tuple[ClientEvent, ...] = ()) -> None:
-        """One sync answer for alice: the key server's to-device part, and these events."""
+    async def sync(
+        self,
+        *events: ClientEvent,
+        state: tuple[ClientEvent, ...] = (),
+        prev_batch: str | None = None,
+    ) -> None:
+        """One sync answer for alice: the key server's to-device part, and these events
+        (``prev_batch``: a limited timeline, older events left out)."""
         base = self.server.sync(*ALICE)
-        joined = JoinedRoom(
-            timeline=Timeline(events=list(events)), state=StateBlock(events=list(state))
+        timeline = Timeline(
+            events=list(events), limited=prev_batch is not None, prev_batch=prev_batch
         )
+        joined = JoinedRoom(timeline=timeline, state=StateBlock(events=list(state)))
         response = msgspec.structs.replace(base, rooms=Rooms(join={ROOM: joined}))
         await self.engine.ingest(response)
 
@@ -110,15 +118,16 @@ class Scene:
         return list(self.engine.timeline(ROOM).state.items)
 
 
-def alice_client(server: KeyServer) -> MatrixClient:
-    """Alice's client: the key endpoints from ``server``; a room's history has nothing
-    older than what the test syncs (``/messages`` answers an empty last page)."""
+def alice_client(server: KeyServer, older: list[ClientEvent]) -> MatrixClient:
+    """Alice's client: the key endpoints from ``server``; ``/messages`` answers ``older``
+    (oldest first) as one last page, newest first."""
     server.register(*ALICE)
 
     def handler(request: httpx.Request) -> httpx.Response:
         path = request.url.raw_path.decode()
         if "/messages" in path.split("?")[0]:
-            return httpx.Response(200, json={"chunk": [], "start": "t0"})
+            chunk = [msgspec.to_builtins(e) for e in reversed(older)]
+            return httpx.Response(200, json={"chunk": chunk, "start": "t0"})
         body = json.loads(request.content) if request.content else None
         return httpx.Response(200, json=server._answer(ALICE, path, body))
 
@@ -142,11 +151,12 @@ async def scene(
         bob.machine.update_tracked_users(["@alice:x", "@bob:x"])
         bob.commit()
     sink = Sink()
+    older: list[ClientEvent] = []
     async with (
-        alice_client(server) as client,
+        alice_client(server, older) as client,
         Engine.open(
             store, client, passphrase="pw", sink=sink, sync=False, e2ee=True,
             kdf_cost=KdfParams.cheap(),
         ) as engine,
     ):  # fmt: skip
-        yield Scene(server, clock, engine, sink, bob)
+        yield Scene(server, clock, engine, sink, bob, older)

@@ -16,7 +16,7 @@ from gapline.history import (
     UtdReason,
     to_wire,
 )
-from tests.history.e2ee_support import ROOM, scene
+from tests.history.e2ee_support import MEGOLM, ROOM, scene
 
 
 def _events(rows):
@@ -92,3 +92,53 @@ async def test_a_forged_mark_from_the_server_is_dropped(tmp_path) -> None:
         await s.engine.flush_history(ROOM)
         [row] = [r for r in _events(s.rows()) if r.event_id == plain.event_id]
         assert row.body == "clear" and not row.encrypted
+
+
+async def test_older_pages_decrypt_and_their_utds_heal(tmp_path) -> None:
+    """The recent load's pages pass the same decryption as a sync's timeline."""
+    async with scene(tmp_path) as s:
+        await s.join_encrypted_room()
+        s.server.hold_to_device = True
+        old = [s.encrypted(f"old {i}") for i in range(3)]
+        s.older.extend(old)
+        newest = s.encrypted("newest")
+        await s.sync(newest, prev_batch="p1")  # a gap before the newest event
+        await s.engine.execute(OpenRoom(ROOM))
+        await s.engine.wait_idle(ROOM)
+        rows = {r.event_id: r for r in _events(s.rows())}
+        assert all(rows[e.event_id].decryption is not None for e in old)
+        s.server.release_to_device()
+        await s.sync()
+        await s.engine.flush_history(ROOM)
+        rows = {r.event_id: r for r in _events(s.rows())}
+        assert [rows[e.event_id].body for e in old] == ["old 0", "old 1", "old 2"]
+        assert rows[newest.event_id].body == "newest"
+
+
+async def test_a_healed_edit_applies_to_its_row(tmp_path) -> None:
+    """An edit that could not be decrypted changed nothing; decrypted, it edits its row."""
+    async with scene(tmp_path) as s:
+        await s.join_encrypted_room()
+        await s.engine.execute(OpenRoom(ROOM))
+        original = s.encrypted("draft")
+        await s.sync(original)
+        s.server.hold_to_device = True
+        # New settings rotate bob's session: the edit comes in a session alice lacks.
+        s.bob.machine.set_room_encryption(ROOM, {**MEGOLM, "rotation_period_msgs": 50})
+        edit = s.encrypted(
+            "* final",
+            **{
+                "m.new_content": {"msgtype": "m.text", "body": "final"},
+                "m.relates_to": {"rel_type": "m.replace", "event_id": original.event_id},
+            },
+        )
+        await s.sync(edit)
+        await s.engine.flush_history(ROOM)
+        rows = {r.event_id: r for r in _events(s.rows())}
+        assert rows[original.event_id].body == "draft" and edit.event_id not in rows
+        s.server.release_to_device()
+        await s.sync()
+        await s.engine.flush_history(ROOM)
+        rows = {r.event_id: r for r in _events(s.rows())}
+        assert rows[original.event_id].body == "final" and rows[original.event_id].edited
+        assert edit.event_id not in rows

@@ -135,6 +135,7 @@ class Engine:
             rooms=self._rooms,
             commits=self._commits,
             operations=self._operations,
+            crypto=self.crypto,
         )
         self._sync = Sync(
             store,
@@ -146,7 +147,7 @@ class Engine:
             typing=self._typing,
             crypto=self.crypto,
         )
-        self._quotes = Quotes(client, self._commits, tg, self.flush_history)
+        self._quotes = Quotes(client, self._commits, tg, self.flush_history, crypto=self.crypto)
         self._sending = Sending(store, client, self._commits, self.flush_history)
         self._threads = Threads(
             store=store,
@@ -156,6 +157,7 @@ class Engine:
             commits=self._commits,
             walks=self._walks,
             on_quotes=self._quotes_wanted,
+            crypto=self.crypto,
         )
         store.me = None if client is None else client.user_id
         self._sync_task: asyncio.Task[None] | None = None
