@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 import msgspec
@@ -53,7 +54,7 @@ class Scene:
     engine: Engine
     sink: Sink
     bob: Peer
-    older: list[ClientEvent]
+    hs: Homeserver
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def state(
@@ -118,16 +119,37 @@ class Scene:
         return list(self.engine.timeline(ROOM).state.items)
 
 
-def alice_client(server: KeyServer, older: list[ClientEvent]) -> MatrixClient:
-    """Alice's client: the key endpoints from ``server``; ``/messages`` answers ``older``
-    (oldest first) as one last page, newest first."""
+@dataclass
+class Homeserver:
+    """The room endpoints alice's client meets besides the key server's."""
+
+    older: list[ClientEvent] = field(default_factory=list)
+    """``/messages`` answers these (oldest first) as one last page, newest first."""
+    sent: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """Every room event sent (type, content)."""
+    state: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Room state the server answers by type (``/state/{type}``)."""
+
+
+def alice_client(server: KeyServer, hs: Homeserver) -> MatrixClient:
+    """Alice's client: the key endpoints from ``server``, the room ones from ``hs``."""
     server.register(*ALICE)
 
     def handler(request: httpx.Request) -> httpx.Response:
         path = request.url.raw_path.decode()
-        if "/messages" in path.split("?")[0]:
-            chunk = [msgspec.to_builtins(e) for e in reversed(older)]
+        bare = unquote(path.split("?")[0])
+        if "/messages" in bare:
+            chunk = [msgspec.to_builtins(e) for e in reversed(hs.older)]
             return httpx.Response(200, json={"chunk": chunk, "start": "t0"})
+        if "/send/" in bare:
+            event_type = bare.split("/send/")[1].split("/")[0]
+            hs.sent.append((event_type, json.loads(request.content)))
+            return httpx.Response(200, json={"event_id": f"$sent{len(hs.sent)}"})
+        if "/state/" in bare:
+            found = hs.state.get(bare.split("/state/")[1].split("/")[0])
+            if found is None:
+                return httpx.Response(404, json={"errcode": "M_NOT_FOUND", "error": "no"})
+            return httpx.Response(200, json=found)
         body = json.loads(request.content) if request.content else None
         return httpx.Response(200, json=server._answer(ALICE, path, body))
 
@@ -151,12 +173,12 @@ async def scene(
         bob.machine.update_tracked_users(["@alice:x", "@bob:x"])
         bob.commit()
     sink = Sink()
-    older: list[ClientEvent] = []
+    hs = Homeserver()
     async with (
-        alice_client(server, older) as client,
+        alice_client(server, hs) as client,
         Engine.open(
             store, client, passphrase="pw", sink=sink, sync=False, e2ee=True,
             kdf_cost=KdfParams.cheap(),
         ) as engine,
     ):  # fmt: skip
-        yield Scene(server, clock, engine, sink, bob, older)
+        yield Scene(server, clock, engine, sink, bob, hs)

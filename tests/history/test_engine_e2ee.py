@@ -6,9 +6,14 @@ The peer is a bare `CryptoMachine` behind the in-memory key server
 
 from __future__ import annotations
 
+import json
+
 from gapline.history import (
     EventItem,
+    Failed,
+    Ok,
     OpenRoom,
+    SendMessage,
     Set,
     TimelineChanged,
     TimelineReset,
@@ -16,6 +21,8 @@ from gapline.history import (
     UtdReason,
     to_wire,
 )
+from gapline.matrix import ClientEvent
+from tests.e2ee.harness import Room
 from tests.history.e2ee_support import MEGOLM, ROOM, scene
 
 
@@ -100,7 +107,7 @@ async def test_older_pages_decrypt_and_their_utds_heal(tmp_path) -> None:
         await s.join_encrypted_room()
         s.server.hold_to_device = True
         old = [s.encrypted(f"old {i}") for i in range(3)]
-        s.older.extend(old)
+        s.hs.older.extend(old)
         newest = s.encrypted("newest")
         await s.sync(newest, prev_batch="p1")  # a gap before the newest event
         await s.engine.execute(OpenRoom(ROOM))
@@ -142,3 +149,55 @@ async def test_a_healed_edit_applies_to_its_row(tmp_path) -> None:
         rows = {r.event_id: r for r in _events(s.rows())}
         assert rows[original.event_id].body == "final" and rows[original.event_id].edited
         assert edit.event_id not in rows
+
+
+async def test_a_message_into_an_encrypted_room_is_sent_encrypted_and_bob_reads_it(
+    tmp_path,
+) -> None:
+    async with scene(tmp_path) as s:
+        await s.join_encrypted_room()
+        await s.engine.execute(OpenRoom(ROOM))
+        assert await s.engine.execute(SendMessage(ROOM, "for bob only")) == Ok()
+        [(event_type, content)] = s.hs.sent
+        assert event_type == "m.room.encrypted" and "for bob only" not in json.dumps(content)
+        s.bob.sync()  # the room key, over Olm
+        event = ClientEvent(
+            event_id="$x", type=event_type, sender="@alice:x", origin_server_ts=1, content=content
+        )
+        assert s.bob.body(Room(ROOM), event) == "for bob only"
+
+
+async def test_no_device_to_encrypt_to_fails_closed_and_sends_nothing(tmp_path) -> None:
+    async with scene(tmp_path) as s:
+        await s.sync(
+            s.state("m.room.member", "@carol:x", {"membership": "join"}, sender="@carol:x"),
+            s.state("m.room.encryption", "", MEGOLM, sender="@carol:x"),
+            s.state("m.room.member", "@alice:x", {"membership": "join"}, sender="@alice:x"),
+        )
+        await s.engine.execute(OpenRoom(ROOM))
+        answer = await s.engine.execute(SendMessage(ROOM, "into the void"))
+        assert isinstance(answer, Failed) and "cannot be encrypted to anyone" in answer.message
+        assert s.hs.sent == []
+
+
+async def test_a_room_the_machine_never_saw_encrypted_is_asked_of_the_server(tmp_path) -> None:
+    async with scene(tmp_path) as s:
+        await s.sync(
+            s.state("m.room.member", "@bob:x", {"membership": "join"}),
+            s.state("m.room.member", "@alice:x", {"membership": "join"}, sender="@alice:x"),
+        )
+        s.bob.sync()
+        await s.engine.execute(OpenRoom(ROOM))
+        s.hs.state["m.room.encryption"] = MEGOLM  # state the engine's syncs never showed
+        assert await s.engine.execute(SendMessage(ROOM, "careful")) == Ok()
+        assert [t for t, _ in s.hs.sent] == ["m.room.encrypted"]
+
+
+async def test_a_room_the_server_says_is_not_encrypted_gets_plaintext(tmp_path) -> None:
+    async with scene(tmp_path) as s:
+        await s.sync(
+            s.state("m.room.member", "@alice:x", {"membership": "join"}, sender="@alice:x")
+        )
+        await s.engine.execute(OpenRoom(ROOM))
+        assert await s.engine.execute(SendMessage(ROOM, "in the clear")) == Ok()
+        assert s.hs.sent == [("m.room.message", {"msgtype": "m.text", "body": "in the clear"})]

@@ -63,6 +63,8 @@ class EngineCrypto:
         self.driver: CryptoDriver | None = None
         self.visibility: dict[str, str] = {}
         """Each room's ``m.room.history_visibility`` seen in this process (sharing)."""
+        self.checked_plain: set[str] = set()
+        """Rooms the server said carry no ``m.room.encryption`` (asked before a send)."""
         self.members: dict[str, set[str]] = {}
         """Joined and invited members of encrypted rooms seen in this process."""
 
@@ -111,6 +113,7 @@ class EngineCrypto:
                 continue
             if event.type == "m.room.encryption" and event.state_key == "":
                 machine.set_room_encryption(room_id, event.content)
+                self.checked_plain.discard(room_id)
                 if room_id not in self.members:
                     self.members[room_id] = set()
             elif event.type == "m.room.history_visibility" and event.state_key == "":

@@ -148,7 +148,7 @@ class Engine:
             crypto=self.crypto,
         )
         self._quotes = Quotes(client, self._commits, tg, self.flush_history, crypto=self.crypto)
-        self._sending = Sending(store, client, self._commits, self.flush_history)
+        self._sending = Sending(store, client, self._commits, self.flush_history, self.crypto)
         self._threads = Threads(
             store=store,
             client=client,
