@@ -19,6 +19,7 @@ from urllib.parse import unquote
 
 import httpx
 import msgspec
+import pytest
 
 from gapline.history import Engine, Event
 from gapline.matrix import (
@@ -33,6 +34,7 @@ from gapline.matrix import (
 from gapline.storage import KdfParams
 from tests.e2ee.harness import Clock, Peer
 from tests.e2ee.keyserver import KeyServer
+from tests.e2ee.synapse_peers import ENCRYPTION, NioDevice
 
 ALICE = ("@alice:x", "A1")
 ROOM = "!enc:x"
@@ -182,3 +184,20 @@ async def scene(
         ) as engine,
     ):  # fmt: skip
         yield Scene(server, clock, engine, sink, bob, hs)
+
+
+@pytest.fixture
+async def peers(synapse_kit: Any, tmp_path: Path) -> AsyncGenerator[tuple[Session, NioDevice, str]]:
+    alice = await synapse_kit.user("alice")
+    bob = await synapse_kit.user("bob")
+    async with synapse_kit.client(alice) as client:
+        room = await client.create_room(
+            preset="private_chat", initial_state=[ENCRYPTION], invite=[bob.user_id]
+        )
+    async with synapse_kit.client(bob) as client:
+        await client.join(room)
+    nio = await NioDevice.login(synapse_kit.base_url, bob.user_id, tmp_path / "nio")
+    try:
+        yield alice, nio, room
+    finally:
+        await nio.close()

@@ -20,11 +20,13 @@ leaves to its caller:
   the sessions whose retained events heal.
 
 A failed write leaves the machine ahead of the store: :meth:`reopen` reloads
-it from what is durable.
+it from what is durable. :attr:`lock` keeps a sync step, a key share and the
+sending of requests from interleaving.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 
@@ -61,6 +63,11 @@ class EngineCrypto:
         # with the passphrase that opens the cache.
         self._store_key = store.cipher.lookup_key(STORE_KEY_LABEL)
         self.driver: CryptoDriver | None = None
+        self.lock = asyncio.Lock()
+        """Held by each step that takes the machine's changes to commit them with their
+        cause (a sync), or sends its requests (key sharing, uploads): two such steps
+        interleaved would send one request twice, or commit a sync's Olm state without
+        its token."""
         self.visibility: dict[str, str] = {}
         """Each room's ``m.room.history_visibility`` seen in this process (sharing)."""
         self.checked_plain: set[str] = set()
@@ -202,7 +209,8 @@ class EngineCrypto:
             return KeyUpdates()
         assert self.driver is not None
         try:
-            result = await self.driver.send_outgoing()
+            async with self.lock:
+                result = await self.driver.send_outgoing()
         except MatrixError as exc:
             log.warning("end-to-end encryption requests failed: %s", exc)
             return KeyUpdates()

@@ -83,6 +83,18 @@ async def seal(
         return Sealed(event_type, content)
     if not await _encrypted(crypto, client, room_id):
         return Sealed(event_type, content)
+    async with crypto.lock:
+        return await _share_and_encrypt(crypto, store, room_id, event_type, content, also)
+
+
+async def _share_and_encrypt(
+    crypto: EngineCrypto,
+    store: CacheStore,
+    room_id: str,
+    event_type: str,
+    content: dict[str, Any],
+    also: Callable[[dict[str, Any], Tx], object] | None,
+) -> Sealed:
     driver = crypto.driver
     assert driver is not None
     members = await store.members(room_id)

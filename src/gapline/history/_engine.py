@@ -37,10 +37,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from gapline.e2ee import Device
 from gapline.history._cache_store import CacheStore, Cipher
 from gapline.history._commits import Commits
 from gapline.history._crypto import EngineCrypto
@@ -272,6 +273,21 @@ class Engine:
     def me(self) -> str | None:
         """The account's user id (``None`` offline, or before the client logged in)."""
         return self.store.me or (None if self.client is None else self.client.user_id)
+
+    def is_encrypted(self, room_id: str) -> bool:
+        """The room's state says it is encrypted (as this device's crypto machine knows it;
+        ``False`` for an engine opened without ``e2ee``)."""
+        return self.crypto is not None and self.crypto.is_encrypted(room_id)
+
+    def devices(self, user_ids: Iterable[str]) -> dict[str, tuple[Device, ...]]:
+        """The devices known of each user (keys checked, each with its trust level), for a
+        device list; empty before the machine has queried them."""
+        driver = None if self.crypto is None else self.crypto.driver
+        if driver is None:
+            return {u: () for u in user_ids}
+        return {
+            u: tuple(d for d in driver.machine.devices_of(u) if not d.deleted) for u in user_ids
+        }
 
     def is_open(self, room_id: str) -> bool:
         return self._open(room_id) is not None

@@ -135,12 +135,13 @@ class Sync:
         """Commit one sync answer (see :func:`commit_sync`) and show it in the open rooms;
         with encryption, decrypted first and committed with the machine's changes."""
         crypto = self._crypto
+        healed: list[str] = []
         if crypto is not None and await crypto.ensure() is not None:
-            await self._ingest_encrypted(crypto, response, initial=initial)
+            healed = await self._ingest_encrypted(crypto, response, initial=initial)
         else:
             await self._commits.run(lambda tx: commit_sync(self._store, tx, response))
         self._after(response)
-        for room_id in response.rooms.join:
+        for room_id in dict.fromkeys([*response.rooms.join, *healed]):
             await self._flush_room(room_id)
         if crypto is not None and crypto.ready:
             await self.after_keys(crypto, await crypto.send_outgoing())
@@ -148,41 +149,47 @@ class Sync:
 
     async def _ingest_encrypted(
         self, crypto: EngineCrypto, response: SyncResponse, *, initial: bool
-    ) -> None:
-        response, updates = await crypto.prepare_sync(response, initial=initial)
-        healed = await crypto.healing(updates.room_keys)
-        changes = crypto.take_changes()
+    ) -> list[str]:
+        """The encrypted path of :meth:`ingest`; returns the rooms whose rows healed."""
         store = self._store
-        try:
-            await self._commits.run(
-                lambda tx: commit_encrypted_sync(store, tx, response, changes, healed)
-            )
-        except Exception:
-            await crypto.reopen()  # the machine is ahead of what is durable
-            raise
+        async with crypto.lock:
+            response, updates = await crypto.prepare_sync(response, initial=initial)
+            healed = await crypto.healing(updates.room_keys)
+            changes = crypto.take_changes()
+            try:
+                await self._commits.run(
+                    lambda tx: commit_encrypted_sync(store, tx, response, changes, healed)
+                )
+            except Exception:
+                await crypto.reopen()  # the machine is ahead of what is durable
+                raise
+        return list(healed)
 
     async def after_keys(self, crypto: EngineCrypto, updates: KeyUpdates) -> None:
         """Heal the retained events of the keys a request's answer delivered (a waiting
         to-device payload handled once its sender's keys were known)."""
-        healed = await crypto.healing(updates.room_keys)
-        changes = crypto.take_changes()
-        if not healed and changes is None:
+        if not updates.room_keys:
             return
         store = self._store
+        async with crypto.lock:
+            healed = await crypto.healing(updates.room_keys)
+            changes = crypto.take_changes()
+            if not healed and changes is None:
+                return
 
-        def op(tx: Tx) -> tuple[None, dict[str, list[Update]]]:
-            if changes is not None:
-                save_changes(tx, changes)
-            out: dict[str, list[Update]] = {}
-            for room_id, events in healed.items():
-                out.update(heal(store, tx, room_id, events))
-            return None, out
+            def op(tx: Tx) -> tuple[None, dict[str, list[Update]]]:
+                if changes is not None:
+                    save_changes(tx, changes)
+                out: dict[str, list[Update]] = {}
+                for room_id, events in healed.items():
+                    out.update(heal(store, tx, room_id, events))
+                return None, out
 
-        try:
-            await self._commits.run(op)
-        except Exception:
-            await crypto.reopen()  # the machine is ahead of what is durable
-            raise
+            try:
+                await self._commits.run(op)
+            except Exception:
+                await crypto.reopen()
+                raise
         for room_id in healed:
             await self._flush_room(room_id)
 
