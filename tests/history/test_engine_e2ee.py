@@ -200,3 +200,34 @@ async def test_a_room_the_server_says_is_not_encrypted_gets_plaintext(tmp_path) 
         await s.engine.execute(OpenRoom(ROOM))
         assert await s.engine.execute(SendMessage(ROOM, "in the clear")) == Ok()
         assert s.hs.sent == [("m.room.message", {"msgtype": "m.text", "body": "in the clear"})]
+
+
+async def test_a_key_saved_without_its_heal_heals_at_the_next_start(tmp_path, monkeypatch) -> None:
+    """A key committed while the heal of its rows did not land (a crash between a request's
+    answer and its heal) is found at the next start: the rows heal then."""
+    from gapline.history._crypto import EngineCrypto
+
+    server, bob, event = None, None, None
+    async with scene(tmp_path) as s:
+        await s.join_encrypted_room()
+        s.server.hold_to_device = True
+        event = s.encrypted("survives a crash")
+        await s.sync(event)
+        s.server.release_to_device()
+        healing = EngineCrypto.healing
+
+        async def lost(self, keys):  # the heal never commits
+            return {}
+
+        monkeypatch.setattr(EngineCrypto, "healing", lost)
+        await s.sync()
+        monkeypatch.setattr(EngineCrypto, "healing", healing)
+        await s.engine.execute(OpenRoom(ROOM))
+        rows = {r.event_id: r for r in _events(s.rows())}
+        assert rows[event.event_id].decryption is not None  # still a hole
+        server, bob = s.server, s.bob
+    async with scene(tmp_path, server, bob) as s:
+        await s.sync()  # the first sync of the new process opens the machine and sweeps
+        await s.engine.execute(OpenRoom(ROOM))
+        rows = {r.event_id: r for r in _events(s.rows())}
+        assert rows[event.event_id].body == "survives a crash"

@@ -17,12 +17,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gapline.e2ee import Changes, KeyUpdates, save_changes
+from gapline.e2ee import Changes, KeyUpdates, RoomKeyId, save_changes
 from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
 from gapline.history._crypto import EngineCrypto
 from gapline.history._failures import describe
-from gapline.history._healing import heal, index_undecrypted
+from gapline.history._healing import heal, index_undecrypted, undecrypted_sessions
 from gapline.history._sections import Sections
 from gapline.history._updates import Update
 from gapline.matrix import ClientEvent, MatrixClient, MatrixError, SyncResponse, UnknownToken
@@ -136,7 +136,9 @@ class Sync:
         with encryption, decrypted first and committed with the machine's changes."""
         crypto = self._crypto
         healed: list[str] = []
-        if crypto is not None and await crypto.ensure() is not None:
+        if crypto is not None and not crypto.ready and await crypto.ensure() is not None:
+            await self._sweep(crypto)
+        if crypto is not None and crypto.ready:
             healed = await self._ingest_encrypted(crypto, response, initial=initial)
         else:
             await self._commits.run(lambda tx: commit_sync(self._store, tx, response))
@@ -192,6 +194,16 @@ class Sync:
                 raise
         for room_id in healed:
             await self._flush_room(room_id)
+
+    async def _sweep(self, crypto: EngineCrypto) -> None:
+        """At start: heal what a key saved before a crash (or in another process) can
+        decrypt, since the step that would have healed it may not have committed."""
+        store = self._store
+        sessions = await store.backend.read(lambda tx: undecrypted_sessions(store, tx))
+        assert crypto.driver is not None
+        inbound = crypto.driver.machine.inbound
+        keys = tuple(RoomKeyId(r, s) for r, s in sessions if inbound.has_session(r, s))
+        await self.after_keys(crypto, KeyUpdates(room_keys=keys))
 
     def _after(self, response: SyncResponse) -> None:
         joined = set(response.rooms.join)
