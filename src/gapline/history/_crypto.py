@@ -43,6 +43,7 @@ from gapline.e2ee import (
 from gapline.history._cache_store import CacheStore
 from gapline.history._decryption import ENCRYPTED, as_cached, unmarked
 from gapline.history._healing import UTD_MIGRATIONS, UTD_SCHEMA, undecrypted_of
+from gapline.history._updates import StoredEvent
 from gapline.matrix import ClientEvent, MatrixClient, MatrixError, SyncResponse
 
 __all__ = ["EngineCrypto"]
@@ -176,25 +177,30 @@ class EngineCrypto:
         new_rooms = msgspec.structs.replace(response.rooms, join=rooms)
         return msgspec.structs.replace(response, rooms=new_rooms), updates
 
-    async def healing(self, keys: Iterable[RoomKeyId]) -> dict[str, list[ClientEvent]]:
-        """The retained undecryptable events of these sessions that decrypt now, by room."""
+    async def healing(
+        self, keys: Iterable[RoomKeyId]
+    ) -> dict[str, list[tuple[StoredEvent, ClientEvent]]]:
+        """The retained undecryptable events of these sessions that decrypt now, by room:
+        each as it was read, with its plaintext event as the cache keeps it."""
         by_room: dict[str, set[str]] = {}
         for key in keys:
             by_room.setdefault(key.room_id, set()).add(key.session_id)
         if not by_room or self.driver is None:
             return {}
         store = self._store
-        out: dict[str, list[ClientEvent]] = {}
+        out: dict[str, list[tuple[StoredEvent, ClientEvent]]] = {}
         for room_id, sessions in by_room.items():
             retained = await store.backend.read(
                 lambda tx, r=room_id, s=sessions: undecrypted_of(store, tx, r, s)
             )
             if not retained:
                 continue
-            results = await self.driver.decrypt_room_events(room_id, retained, batch=BATCH)
+            results = await self.driver.decrypt_room_events(
+                room_id, [h.event for h in retained], batch=BATCH
+            )
             healed = [
-                as_cached(e, r)
-                for e, r in zip(retained, results, strict=True)
+                (h, as_cached(h.event, r))
+                for h, r in zip(retained, results, strict=True)
                 if isinstance(r, DecryptedEvent)
             ]
             if healed:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from gapline.history._cache_store import CacheStore
-from gapline.history._decryption import is_undecrypted
+from gapline.history._decryption import MARK, is_undecrypted
 from gapline.history._sections import Sections
 from gapline.history._updates import StoredEvent, Update
 from gapline.matrix import ClientEvent
@@ -64,6 +64,15 @@ def _session_key(store: CacheStore, session_id: str) -> bytes:
     return store.cipher.lookup_key("megolm-session:" + session_id)[:16]
 
 
+def _session_of(event: ClientEvent) -> str:
+    """The Megolm session an event names (its mark's, else its ciphertext's)."""
+    mark = event.unsigned.get(MARK)
+    if isinstance(mark, dict) and isinstance(mark.get("session_id"), str):
+        return mark["session_id"]
+    session = event.content.get("session_id")
+    return session if isinstance(session, str) else ""
+
+
 def index_undecrypted(
     store: CacheStore, tx: Tx, room_id: str, events: Iterable[ClientEvent]
 ) -> None:
@@ -74,7 +83,7 @@ def index_undecrypted(
     room = store.note_room(tx, room_id)
     rows = []
     for event in marked:
-        session_id = str(event.unsigned["io.gapline.decryption"].get("session_id") or "")
+        session_id = _session_of(event)
         skey = _session_key(store, session_id)
         sealed = store.cipher.encrypt(session_id.encode(), room.key + skey)
         rows.append((room.rid, skey, sealed, store.event_key(event.event_id)))
@@ -105,7 +114,7 @@ def undecrypted_sessions(store: CacheStore, tx: Tx) -> list[tuple[str, str]]:
 
 def undecrypted_of(
     store: CacheStore, tx: Tx, room_id: str, session_ids: Iterable[str]
-) -> list[ClientEvent]:
+) -> list[StoredEvent]:
     """The retained undecryptable events of these sessions in the room, oldest first."""
     room = store.find_room(tx, room_id)
     if room is None:
@@ -119,7 +128,7 @@ def undecrypted_of(
                 (room.rid, _session_key(store, session_id)),
             )
         )
-    found: list[tuple[int, int, ClientEvent]] = []
+    found: list[StoredEvent] = []
     for start in range(0, len(keys), _CHUNK):
         chunk = keys[start : start + _CHUNK]
         marks = ",".join("?" * len(chunk))
@@ -128,34 +137,34 @@ def undecrypted_of(
             f" WHERE room = ? AND event IN ({marks})",
             (room.rid, *chunk),
         ):
-            stored, _ = store.open_body(room.key + bytes(event), body)
+            stored, name = store.open_body(room.key + bytes(event), body)
             if is_undecrypted(stored):
-                found.append((int(ord_), int(pos), stored))
-    found.sort(key=lambda f: (f[0], f[1]))
-    return [e for _, _, e in found]
+                found.append(StoredEvent(int(ord_), int(pos), stored, name))
+    found.sort(key=lambda f: f.key)
+    return found
 
 
 def heal(
-    store: CacheStore, tx: Tx, room_id: str, decrypted: Sequence[ClientEvent]
+    store: CacheStore, tx: Tx, room_id: str, healed: Sequence[tuple[StoredEvent, ClientEvent]]
 ) -> dict[str, list[Update]]:
-    """Rewrite the retained events that decrypted now (``decrypted``: as the cache keeps
-    them) and show them; drop their index entries."""
-    if not decrypted:
+    """Rewrite retained events that decrypted now (each: as it was read, under the crypto
+    lock, and its plaintext event as the cache keeps it) and show them; drop their index
+    entries.
+
+    Only healing rewrites an undecryptable event's body, and every heal runs under the
+    engine's crypto lock, so what was read is what is stored (keys never move; a
+    redaction that landed meanwhile is applied again by the relation rules)."""
+    if not healed:
         return {}
     sections = Sections(store, tx, room_id)
-    ids = [e.event_id for e in decrypted]
-    retained = store.retained(tx, sections.room, ids, sections.known_keys)
-    todo: list[StoredEvent] = []
-    for event in decrypted:
-        held = retained.get(event.event_id)
-        if held is None or not is_undecrypted(held.event):
-            continue  # gone, or another write healed it first
-        todo.append(StoredEvent(held.ord, held.pos, event, held.sender_name))
-    todo.sort(key=lambda s: s.key)
-    sections.heal(todo)
-    keys = store.event_keys(ids)
+    sections.heal([StoredEvent(h.ord, h.pos, event, h.sender_name) for h, event in healed])
+    rid, known = sections.room.rid, sections.known_keys  # hashed by the heal already
     tx.executemany(
-        "DELETE FROM history_utd WHERE room = ? AND event = ?",
-        [(sections.room.rid, k) for k in keys],
-    )
+        "DELETE FROM history_utd WHERE room = ? AND session = ? AND event = ?",
+        [
+            (rid, _session_key(store, _session_of(h.event)), known.get(h.event_id)
+             or store.event_key(h.event_id))
+            for h, _ in healed
+        ],
+    )  # fmt: skip
     return {room_id: sections.updates}

@@ -24,7 +24,7 @@ from gapline.history._crypto import EngineCrypto
 from gapline.history._failures import describe
 from gapline.history._healing import heal, index_undecrypted, undecrypted_sessions
 from gapline.history._sections import Sections
-from gapline.history._updates import Update
+from gapline.history._updates import StoredEvent, Update
 from gapline.matrix import ClientEvent, MatrixClient, MatrixError, SyncResponse, UnknownToken
 from gapline.storage import StorageError, Tx
 
@@ -61,7 +61,7 @@ def commit_encrypted_sync(
     tx: Tx,
     response: SyncResponse,
     changes: Changes | None,
-    healed: dict[str, list[ClientEvent]],
+    healed: dict[str, list[tuple[StoredEvent, ClientEvent]]],
 ) -> tuple[None, dict[str, list[Update]]]:
     """:func:`commit_sync` of a sync whose encrypted events were decrypted, with the
     crypto machine's changes (Olm state, room keys, to-device delivered: one token, one
