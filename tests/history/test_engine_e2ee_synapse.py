@@ -100,10 +100,13 @@ async def test_nio_and_the_engine_read_each_other_across_a_restart(
         await until(engine, room, lambda r: second in r and r[second].body is not None)
         assert rows(engine, room)[first].body == "hello from nio"  # kept, decrypted
         assert await engine.execute(SendMessage(room, "gapline after the restart")) == Ok()
+        secrets = [b"hello from nio", b"after the restart", b"hello from gapline",
+                   b"gapline after the restart", nio_key, nio_key[:43]]  # fmt: skip
+        files = [p.name for p in store.rglob("*")]
+        assert "history.sqlite3-wal" in files, files  # open: the WAL holds the latest writes
+        _assert_nothing_readable(store, secrets)
     await nio.wait_until(lambda: "gapline after the restart" in nio.bodies.values())
-    _assert_nothing_readable(store, [b"hello from nio", b"after the restart",
-                                     b"hello from gapline", b"gapline after the restart",
-                                     nio_key, nio_key[:43]])  # fmt: skip
+    _assert_nothing_readable(store, secrets)  # and closed
 
 
 async def test_a_late_nio_key_heals_the_rows_by_set_diffs(
