@@ -13,6 +13,7 @@ from gapline.history import (
     Failed,
     Ok,
     OpenRoom,
+    OpenThread,
     SendMessage,
     Set,
     TimelineChanged,
@@ -231,3 +232,34 @@ async def test_a_key_saved_without_its_heal_heals_at_the_next_start(tmp_path, mo
         await s.engine.execute(OpenRoom(ROOM))
         rows = {r.event_id: r for r in _events(s.rows())}
         assert rows[event.event_id].body == "survives a crash"
+
+
+async def test_a_thread_reply_heals_in_the_thread_it_was_kept_in(tmp_path) -> None:
+    async with scene(tmp_path) as s:
+        await s.join_encrypted_room()
+        root = s.encrypted("a thread starts here")
+        await s.sync(root)
+        await s.engine.execute(OpenRoom(ROOM))
+        assert await s.engine.execute(OpenThread(ROOM, root.event_id)) == Ok()
+        await s.engine.wait_idle(ROOM, root.event_id)
+        s.server.hold_to_device = True
+        s.bob.machine.set_room_encryption(ROOM, {**MEGOLM, "rotation_period_msgs": 50})
+        relates = {"rel_type": "m.thread", "event_id": root.event_id, "is_falling_back": True,
+                   "m.in_reply_to": {"event_id": root.event_id}}  # fmt: skip
+        reply = s.encrypted("in the thread", **{"m.relates_to": relates})
+        await s.sync(reply)
+        copies = await s.engine.store.all_events(ROOM, thread_root=root.event_id)
+        assert [c.event.type for c in copies if c.event_id == reply.event_id] == [
+            "m.room.encrypted"
+        ]
+        s.server.release_to_device()
+        await s.sync()
+        copies = await s.engine.store.all_events(ROOM, thread_root=root.event_id)
+        [copy] = [c for c in copies if c.event_id == reply.event_id]
+        assert copy.event.type == "m.room.message"
+        assert copy.event.content["body"] == "in the thread"
+        rows = [r for r in s.engine.thread(ROOM, root.event_id).state.items
+                if isinstance(r, EventItem) and r.event_id == reply.event_id]  # fmt: skip
+        assert [r.body for r in rows] == ["in the thread"]
+        [root_row] = [r for r in _events(s.rows()) if r.event_id == root.event_id]
+        assert root_row.thread_summary is not None and root_row.thread_summary.count == 1
