@@ -61,3 +61,26 @@ def test_the_device_list_shows_trust() -> None:
     ).plain  # fmt: skip
     assert "Bob\n  ✓ phone (cross-signed by its owner)\n  ? OLD (not signed by its owner)" in text
     assert "@c:x\n  no keys known yet" in text
+
+
+async def test_a_utd_row_says_why_then_becomes_the_message_in_place() -> None:
+    """In the app: the lock in the title, the UTD row's reason, and the same row (same
+    widget) showing the message once a Set diff heals it."""
+    from gapline.history import Set as SetDiff
+    from gapline.history import TimelineChanged
+    from tests.tui.fake_engine import ROOM, message
+    from tests.tui.support import make_app, until
+
+    utd = message(2, event_type="m.room.encrypted", body=None, encrypted=True,
+                  decryption=Undecrypted("s1", UtdReason.MISSING_ROOM_KEY))  # fmt: skip
+    app, fake = make_app([message(1, encrypted=True), utd])
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: len(app.timeline.rows) == 2, "the rows")
+        title = str(app.query_one("#room-title").render())
+        assert title.startswith(LOCK)
+        [row] = [r for r in app.timeline.rows if getattr(r.item, "event_id", None) == "$e2"]
+        assert "unable to decrypt (waiting for the sender's key)" in str(row.render())
+        healed = message(2, body="the message, decrypted", encrypted=True)
+        await fake.publish(TimelineChanged(ROOM, (SetDiff(1, healed),)))
+        await until(pilot, lambda: "the message, decrypted" in str(row.render()), "the heal")
+        assert [r for r in app.timeline.rows if getattr(r.item, "event_id", None) == "$e2"] == [row]
