@@ -263,3 +263,21 @@ async def test_a_thread_reply_heals_in_the_thread_it_was_kept_in(tmp_path) -> No
         assert [r.body for r in rows] == ["in the thread"]
         [root_row] = [r for r in _events(s.rows()) if r.event_id == root.event_id]
         assert root_row.thread_summary is not None and root_row.thread_summary.count == 1
+
+
+async def test_a_member_leaving_rotates_the_room_session_also_after_a_restart(
+    tmp_path,
+) -> None:
+    async with scene(tmp_path) as s:
+        await s.join_encrypted_room()
+        await s.engine.execute(OpenRoom(ROOM))
+        assert await s.engine.execute(SendMessage(ROOM, "before")) == Ok()
+        [(_, first)] = s.hs.sent
+        server, bob = s.server, s.bob
+    async with scene(tmp_path, server, bob) as s:  # members seen before the restart
+        await s.sync(s.state("m.room.member", "@bob:x", {"membership": "leave"}))
+        await s.sync(s.state("m.room.member", "@bob:x", {"membership": "join"}))
+        await s.engine.execute(OpenRoom(ROOM))
+        assert await s.engine.execute(SendMessage(ROOM, "after")) == Ok()
+        [(_, second)] = s.hs.sent
+        assert first["session_id"] != second["session_id"]

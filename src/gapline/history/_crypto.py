@@ -133,7 +133,7 @@ class EngineCrypto:
                 members = self.members.setdefault(room_id, set())
                 if present:
                     members.add(event.state_key)
-                elif event.state_key in members:
+                else:  # left, kicked or banned: whoever had our session must not get the next
                     members.discard(event.state_key)
                     machine.room_member_left(room_id, event.state_key)
         if machine.is_room_encrypted(room_id):
