@@ -133,13 +133,17 @@ class Homeserver:
     """Room state the server answers by type (``/state/{type}``)."""
 
 
-def alice_client(server: KeyServer, hs: Homeserver) -> MatrixClient:
+def alice_client(
+    server: KeyServer, hs: Homeserver, device: tuple[str, str] = ALICE
+) -> MatrixClient:
     """Alice's client: the key endpoints from ``server``, the room ones from ``hs``."""
-    server.register(*ALICE)
+    server.register(*device)
 
     def handler(request: httpx.Request) -> httpx.Response:
         path = request.url.raw_path.decode()
         bare = unquote(path.split("?")[0])
+        if bare.endswith("/sync"):
+            return httpx.Response(200, json={"next_batch": "s-next"})
         if "/relations/" in bare:
             return httpx.Response(200, json={"chunk": []})
         if "/messages" in bare:
@@ -155,11 +159,11 @@ def alice_client(server: KeyServer, hs: Homeserver) -> MatrixClient:
                 return httpx.Response(404, json={"errcode": "M_NOT_FOUND", "error": "no"})
             return httpx.Response(200, json=found)
         body = json.loads(request.content) if request.content else None
-        return httpx.Response(200, json=server._answer(ALICE, path, body))
+        return httpx.Response(200, json=server._answer(device, path, body))
 
     return MatrixClient(
         "https://hs.example",
-        session=Session("https://hs.example", ALICE[0], ALICE[1], "t"),
+        session=Session("https://hs.example", device[0], device[1], "t"),
         transport=httpx.MockTransport(handler),
     )
 

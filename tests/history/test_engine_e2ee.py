@@ -6,9 +6,11 @@ The peer is a bare `CryptoMachine` behind the in-memory key server
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from gapline.history import (
+    Engine,
     EventItem,
     Failed,
     Ok,
@@ -23,8 +25,9 @@ from gapline.history import (
     to_wire,
 )
 from gapline.matrix import ClientEvent
+from gapline.storage import KdfParams
 from tests.e2ee.harness import Room
-from tests.history.e2ee_support import MEGOLM, ROOM, scene
+from tests.history.e2ee_support import MEGOLM, ROOM, Homeserver, alice_client, scene
 
 
 def _events(rows):
@@ -281,3 +284,24 @@ async def test_a_member_leaving_rotates_the_room_session_also_after_a_restart(
         assert await s.engine.execute(SendMessage(ROOM, "after")) == Ok()
         [(_, second)] = s.hs.sent
         assert first["session_id"] != second["session_id"]
+
+
+async def test_a_store_of_another_device_stops_the_sync_with_a_clear_error(tmp_path) -> None:
+    """The crypto state belongs to the device that made it: a login as another device
+    on the same store does not sync encrypted rooms without their keys."""
+    async with scene(tmp_path) as s:
+        await s.join_encrypted_room()
+        server = s.server
+    async with (
+        alice_client(server, Homeserver(), ("@alice:x", "A2")) as client,
+        Engine.open(tmp_path, client, passphrase="pw", sync=False, e2ee=True,
+                    kdf_cost=KdfParams.cheap()) as engine,
+    ):  # fmt: skip
+        engine.start_sync()
+        for _ in range(500):
+            if engine.sync_error is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.sync_error is not None
+        assert "end-to-end encryption cannot start" in engine.sync_error
+        assert "A1" in engine.sync_error or "device" in engine.sync_error

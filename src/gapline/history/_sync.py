@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gapline.e2ee import Changes, KeyUpdates, RoomKeyId, save_changes
+from gapline.e2ee import Changes, E2eeError, KeyUpdates, RoomKeyId, save_changes
 from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
 from gapline.history._crypto import EngineCrypto
@@ -234,6 +234,12 @@ class Sync:
                 self.error = None
             except UnknownToken as exc:
                 self.error = describe(exc)
+                log.error("sync stopped: %s", self.error)
+                return
+            except E2eeError as exc:
+                # The crypto store belongs to another device, or will not open: syncing on
+                # would show encrypted rooms without their keys. The cache stays readable.
+                self.error = f"end-to-end encryption cannot start: {exc}"
                 log.error("sync stopped: %s", self.error)
                 return
             except (MatrixError, StorageError) as exc:
