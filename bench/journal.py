@@ -772,7 +772,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         result["anchor"] = anchor
     else:
         result["anchor"] = {
-            "source": "published orientation figures from issue 6 (mindroom journal, a machine"
+            "source": "published orientation figures for the mindroom journal (a machine"
             " like this one); not measured here",
             **PUBLISHED_ANCHOR,
         }

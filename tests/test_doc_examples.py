@@ -109,6 +109,7 @@ RUN_BY = {
     "bot-approve": "test_the_approve_example_asks_before_it_answers",
     "journal-handler": "test_the_handler_example_is_found_beside_the_bot",
     "journal-handler-run": "test_the_handler_example_is_found_beside_the_bot",
+    "key-file-and-recovery-key": "test_the_key_file_example_refuses_a_wrong_passphrase",
 }
 
 
@@ -180,6 +181,17 @@ def test_an_example_that_runs_to_its_end(name: str, tmp_path: Path) -> None:
         assert '"phase":"Ready","continuity":"Verified"' in done.stdout
     # Whatever the example started is gone: the demo's and the script's homeservers.
     assert list(tmp.iterdir()) == []
+
+
+def test_the_key_file_example_refuses_a_wrong_passphrase(tmp_path: Path) -> None:
+    block = EXAMPLES["key-file-and-recovery-key"]
+    done = subprocess.run(
+        command(block, tmp_path), cwd=tmp_path, env=environment(),
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{block.where}\n{done.stderr[-3000:]}"
+    lines = done.stdout.splitlines()
+    assert lines[0] == "bad_mac" and "parity" in lines[1]
 
 
 # -- the relay ------------------------------------------------------------------------------

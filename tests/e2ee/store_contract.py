@@ -67,6 +67,10 @@ class DbPeer(Peer):
 
     async def reopen(self) -> None:
         await self.flush()
+        await self.reopen_without_flushing()
+
+    async def reopen_without_flushing(self) -> None:
+        """Open the machine again from what is on disk, as a process after a crash would."""
         m = self.machine
         self.machine = await open_machine(
             self.backend, self.store_key, user_id=m.user_id, device_id=m.device_id, clock=self.clock

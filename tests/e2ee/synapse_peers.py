@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import nio
+import vodozemac
 
-from gapline.e2ee import CryptoDriver, DecryptedEvent, KeyUpdates, UnableToDecrypt
+from gapline.e2ee import CryptoDriver, DecryptedEvent, KeyUpdates, RoomKey, UnableToDecrypt
 from gapline.matrix import ClientEvent, MatrixClient, Session, SyncResponse
 from gapline.storage import Backend, Migration, Tx, open_backend
 
@@ -167,6 +168,20 @@ class GaplineDevice:
         return await self.client.send_event(
             room_id, "m.room.encrypted", content, txn_id=uuid.uuid4().hex
         )
+
+
+def add_made_up_sessions(device: GaplineDevice, count: int) -> None:
+    """Room keys as a device collects them, made directly (a key backup takes any)."""
+    sender = vodozemac.Account()
+    for i in range(count):
+        outbound = vodozemac.GroupSession()
+        added = device.machine.inbound.add(
+            RoomKey(
+                f"!room{i % 3}:made-up", outbound.session_id, outbound.session_key.to_base64(),
+                sender.curve25519_key.to_base64(), sender.ed25519_key.to_base64(), None, None,
+            )
+        )  # fmt: skip
+        assert added is True
 
 
 @dataclass

@@ -10,6 +10,7 @@ from gapline.storage import open_backend
 
 from .harness import export_session
 from .store_contract import CryptoStoreContract, paired
+from .store_contract_keys import KeyStoreContract
 
 
 def _store_bytes(directory: Path) -> bytes:
@@ -18,13 +19,13 @@ def _store_bytes(directory: Path) -> bytes:
     )
 
 
-class TestSQLiteCryptoStore(CryptoStoreContract):
+class TestSQLiteCryptoStore(CryptoStoreContract, KeyStoreContract):
     @pytest.fixture
     def dsn(self, tmp_path: Path) -> str:
         return str(tmp_path / "e2ee.db")
 
 
-del CryptoStoreContract
+del CryptoStoreContract, KeyStoreContract
 
 
 async def test_no_plaintext_and_no_session_key_reaches_the_files(tmp_path: Path) -> None:

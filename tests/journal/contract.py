@@ -2,7 +2,7 @@
 
 ``JournalContract`` is not collected itself (no ``Test`` prefix); ``test_sqlite.py``
 and ``test_postgres.py`` subclass it with a ``journal_backend`` fixture. Each rule of
-issue 6 and of the store half of issue 7 is its own test.
+the store (admission, projection, redaction, epochs, fences, replay) is its own test.
 """
 
 from __future__ import annotations

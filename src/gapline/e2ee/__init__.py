@@ -9,8 +9,23 @@ caused them. `open_machine` loads it from a `gapline.storage` backend;
 Primitives are vodozemac's; see docs/e2ee.md.
 """
 
+from ._backup import (
+    BackupTrust,
+    BackupUpload,
+    KeyBackup,
+    RestoreReport,
+)
+from ._backup_crypto import (
+    BACKUP_ALGORITHM,
+    BackupEntryInvalid,
+    BackupKey,
+)
 from ._canonical import canonical_json, signing_bytes
 from ._changes import Changes
+from ._cross_signing import (
+    CrossSigning,
+    CrossSigningBootstrap,
+)
 from ._driver import CryptoDriver, SendResult, merge_updates
 from ._errors import (
     CorruptCryptoStore,
@@ -22,9 +37,50 @@ from ._errors import (
     UnsavedChanges,
     WrongStoreKey,
 )
+from ._inbound import (
+    RoomKey,
+)
+from ._key_driver import (
+    bootstrap_cross_signing,
+    enable_backup,
+    fetch_secret_storage,
+    recover_from_server,
+    restore_backup,
+    set_up_recovery,
+    sign_own_device,
+    upload_backup,
+    verify_user,
+)
+from ._key_export import (
+    ExportedSession,
+    ImportReport,
+    KeyExportError,
+    KeyExportProblem,
+    decrypt_key_file,
+    encrypt_key_file,
+    export_room_keys,
+    import_room_keys,
+)
 from ._machine import CryptoMachine
 from ._open import open_machine
+from ._recovery import (
+    RECOVERABLE_SECRETS,
+    RecoverySetup,
+    SecretStorageState,
+    recover,
+    setup_recovery,
+)
+from ._recovery_key import (
+    RecoveryKeyInvalid,
+    decode_recovery_key,
+    encode_recovery_key,
+)
 from ._schema import E2EE_MIGRATIONS, E2EE_SCHEMA
+from ._secret_storage import (
+    SecretStorageError,
+    SecretStorageKey,
+    WrongRecoveryKey,
+)
 from ._store import StoredState, load_state, save_changes
 from ._types import (
     MEGOLM,
@@ -45,14 +101,33 @@ from ._types import (
     UnableToDecrypt,
     UtdReason,
 )
+from ._vault import (
+    BACKUP_SECRET,
+    MASTER_SECRET,
+    SELF_SIGNING_SECRET,
+    USER_SIGNING_SECRET,
+    SecretVault,
+)
 
 __all__ = [
+    "BACKUP_ALGORITHM",
+    "BACKUP_SECRET",
     "E2EE_MIGRATIONS",
     "E2EE_SCHEMA",
+    "MASTER_SECRET",
     "MEGOLM",
     "OLM",
+    "RECOVERABLE_SECRETS",
+    "SELF_SIGNING_SECRET",
+    "USER_SIGNING_SECRET",
+    "BackupEntryInvalid",
+    "BackupKey",
+    "BackupTrust",
+    "BackupUpload",
     "Changes",
     "CorruptCryptoStore",
+    "CrossSigning",
+    "CrossSigningBootstrap",
     "CryptoDriver",
     "CryptoMachine",
     "CryptoStoreError",
@@ -63,12 +138,25 @@ __all__ = [
     "EncryptionRefused",
     "EncryptionRefusedReason",
     "EncryptionSettings",
+    "ExportedSession",
+    "ImportReport",
+    "KeyBackup",
+    "KeyExportError",
+    "KeyExportProblem",
     "KeyUpdates",
     "OutgoingRequest",
+    "RecoveryKeyInvalid",
+    "RecoverySetup",
     "Refusal",
     "RefusalCode",
     "RequestKind",
+    "RestoreReport",
+    "RoomKey",
     "RoomKeyId",
+    "SecretStorageError",
+    "SecretStorageKey",
+    "SecretStorageState",
+    "SecretVault",
     "SendResult",
     "ShareReport",
     "ShareState",
@@ -78,11 +166,29 @@ __all__ = [
     "UnknownRequest",
     "UnsavedChanges",
     "UtdReason",
+    "WrongRecoveryKey",
     "WrongStoreKey",
+    "bootstrap_cross_signing",
     "canonical_json",
+    "decode_recovery_key",
+    "decrypt_key_file",
+    "enable_backup",
+    "encode_recovery_key",
+    "encrypt_key_file",
+    "export_room_keys",
+    "fetch_secret_storage",
+    "import_room_keys",
     "load_state",
     "merge_updates",
     "open_machine",
+    "recover",
+    "recover_from_server",
+    "restore_backup",
     "save_changes",
+    "set_up_recovery",
+    "setup_recovery",
+    "sign_own_device",
     "signing_bytes",
+    "upload_backup",
+    "verify_user",
 ]

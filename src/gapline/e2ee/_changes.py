@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, fields
 
 __all__ = [
     "AccountRecord",
+    "BackedUpRecord",
+    "BackupVersionRecord",
     "ChangeBuilder",
     "Changes",
     "CrossSigningRecord",
@@ -29,6 +31,7 @@ __all__ = [
     "OutgoingRecord",
     "PendingToDeviceRecord",
     "RoomRecord",
+    "SecretRecord",
     "SeenRecord",
     "ShareRecord",
     "WithheldRecord",
@@ -143,6 +146,28 @@ class OutgoingRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class SecretRecord:
+    name: str  # the secret-storage name, e.g. m.megolm_backup.v1
+    sealed: bytes = field(repr=False)  # the private key, sealed by the value cipher
+
+
+@dataclass(frozen=True, slots=True)
+class BackupVersionRecord:
+    version: str
+    algorithm: str
+    auth_data_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class BackedUpRecord:
+    room_id: str
+    session_id: str
+    version: str
+    first_known_index: int
+    restored: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Changes:
     """The rows one or more steps changed, to be saved in one transaction."""
 
@@ -164,6 +189,11 @@ class Changes:
     pending_removed: tuple[str, ...] = ()
     outgoing_added: tuple[OutgoingRecord, ...] = ()
     outgoing_removed: tuple[str, ...] = ()
+    secrets: tuple[SecretRecord, ...] = ()
+    secrets_removed: tuple[str, ...] = ()
+    backup_version: tuple[BackupVersionRecord, ...] = ()  # at most one: the version now used
+    backup_version_removed: bool = False  # no version is used any more
+    backed_up: tuple[BackedUpRecord, ...] = ()
 
     def is_empty(self) -> bool:
         return all(not getattr(self, f.name) for f in fields(self))
@@ -171,10 +201,13 @@ class Changes:
     def __len__(self) -> int:
         """How many rows this saves or deletes."""
         return sum(
-            (1 if f.name == "account" else len(getattr(self, f.name)))
+            (1 if f.name in _SINGLE else len(getattr(self, f.name)))
             for f in fields(self)
             if getattr(self, f.name)
         )
+
+
+_SINGLE = ("account", "backup_version_removed")
 
 
 class ChangeBuilder:
@@ -182,12 +215,17 @@ class ChangeBuilder:
 
     def __init__(self) -> None:
         self.account: AccountRecord | None = None
+        self.backup_version_removed = False
         self.lists: dict[str, list[object]] = {
-            f.name: [] for f in fields(Changes) if f.name != "account"
+            f.name: [] for f in fields(Changes) if f.name not in _SINGLE
         }
 
     def add(self, name: str, *items: object) -> None:
         self.lists[name].extend(items)
 
     def freeze(self) -> Changes:
-        return Changes(account=self.account, **{k: tuple(v) for k, v in self.lists.items()})  # ty: ignore[invalid-argument-type]
+        return Changes(
+            account=self.account,
+            backup_version_removed=self.backup_version_removed,
+            **{k: tuple(v) for k, v in self.lists.items()},  # ty: ignore[invalid-argument-type]
+        )

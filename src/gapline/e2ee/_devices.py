@@ -14,7 +14,7 @@ Device lists come from ``/keys/query``. The rules:
   its owner's list is marked deleted, not forgotten, so its ID stays pinned.
 - Cross-signing: a self-signing key counts only when the user's master key
   signed it; a device signed by that self-signing key is ``CROSS_SIGNED``.
-  Whether the master key itself is trusted is part 2's business (verification).
+  Whether the master key itself is trusted is `CrossSigning`'s (`VERIFIED`).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ class DeviceTracker:
         self._dirty_tracked: set[str] = set()
         self._untracked: set[str] = set()
         self._dirty_cross: set[str] = set()
+        self.cross_generation = 0  # bumped whenever any cross-signing keys change (trust caches)
 
     # -- loading and saving ----------------------------------------------------------------
 
@@ -120,6 +121,15 @@ class DeviceTracker:
 
     def by_curve25519(self, key: str) -> Device | None:
         return self._by_curve.get(key)
+
+    def cross_signing_keys(self, user_id: str) -> dict[str, Any]:
+        """The user's accepted cross-signing keys as received (master, self_signing, ...)."""
+        return self._cross.get(user_id, {})
+
+    def raw_device_keys(self, user_id: str, device_id: str) -> dict[str, Any] | None:
+        """A device's signed keys object as received."""
+        raw = self._raw.get((user_id, device_id))
+        return None if raw is None else json.loads(raw)
 
     def devices_of(self, user_id: str, *, include_deleted: bool = False) -> list[Device]:
         devices = self._devices.get(user_id, {}).values()
@@ -261,13 +271,14 @@ class DeviceTracker:
                 )
         usk = answer.user_signing_keys.get(user)
         if usk is not None and user == self.user_id:
-            keys["user_signing"] = usk  # checked and used by part 2 (verification)
+            keys["user_signing"] = usk  # checked by CrossSigning before it is relied on
         if self._cross.get(user) != keys:
             old_master = self._cross.get(user, {}).get("master")
             if old_master is not None and old_master != keys.get("master"):
                 log.warning("keys/query: the master key of %s changed", user)
             self._cross[user] = keys
             self._dirty_cross.add(user)
+            self.cross_generation += 1
 
     def _trust_of(self, user: str, device_id: str, obj: dict[str, Any]) -> TrustLevel:
         if (user, device_id) == (self.user_id, self.device_id):

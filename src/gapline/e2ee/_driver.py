@@ -100,6 +100,10 @@ class CryptoDriver:
     def machine(self) -> CryptoMachine:
         return self._machine
 
+    @property
+    def client(self) -> MatrixClient:
+        return self._client
+
     async def commit(self, also: Callable[[Tx], T] | None = None) -> T | None:
         """Save the machine's pending changes (and ``also``) in one write transaction."""
         changes = self._machine.take_changes()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -86,6 +86,8 @@ class InboundGroupSessions:
         self._dirty_withheld: set[tuple[str, str]] = set()
         self._withheld_removed: set[tuple[str, str]] = set()
         self._new_seen: list[SeenRecord] = []
+        # Called with (room, session) whenever a new or better key is stored (key backup).
+        self.on_stored: list[Callable[[tuple[str, str]], None]] = []
 
     # -- loading and saving ----------------------------------------------------------------
 
@@ -157,6 +159,19 @@ class InboundGroupSessions:
     def withheld(self, room_id: str, session_id: str) -> WithheldRecord | None:
         return self._withheld.get((room_id, session_id))
 
+    def identifiers(self) -> list[tuple[str, str]]:
+        return sorted(self._sessions)
+
+    def export(self, room_id: str, session_id: str) -> tuple[RoomKey, int] | None:
+        """The session's key exported at its first known index (secret), and that index."""
+        entry = self._sessions.get((room_id, session_id))
+        if entry is None:
+            return None
+        exported = entry.session.export_at(entry.first_known_index)
+        if exported is None:
+            return None
+        return replace(entry.key, session_key=exported.to_base64()), entry.first_known_index
+
     # -- receiving keys ---------------------------------------------------------------------------
 
     def add(self, key: RoomKey) -> bool | Refusal:
@@ -196,6 +211,8 @@ class InboundGroupSessions:
                 return False
         self._sessions[ident] = _Inbound(session, key, session.first_known_index)
         self._dirty.add(ident)
+        for listener in self.on_stored:
+            listener(ident)
         if ident in self._withheld:
             del self._withheld[ident]
             self._dirty_withheld.discard(ident)

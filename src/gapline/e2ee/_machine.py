@@ -9,11 +9,13 @@ Each job has its own sub-machine (a reader finds a rule by the name)::
     inbound    InboundGroupSessions  Megolm room keys and room-event decryption (replay, sender)
     outbound   GroupSessionManager   our Megolm session per room: sharing, /keys/claim, rotation
 
-Part 2 adds its machines beside these, on the same pattern (own tables in new
-``e2ee`` migrations, own rows in `Changes`): ``backup`` (server-side key
-backup), ``secrets`` (secret storage and recovery), ``cross_signing`` (bootstrap
-and signing our devices), ``verification`` (SAS, fed by `KeyUpdates.to_device`),
-and key export/import (feeding `InboundGroupSessions.add` with forwarded-style keys).
+    vault          SecretVault   the private keys held: backup key, cross-signing seeds
+    cross_signing  CrossSigning  our cross-signing keys, signing devices and users, VERIFIED
+    backup         KeyBackup     server-side key backup: trusted version, uploads, restore
+
+Key files (`_key_export.py`) and recovery (`_recovery.py`) are functions over the
+machine; the async steps of recovery, backup and cross-signing are in
+`_key_driver.py`. SAS verification (fed by `KeyUpdates.to_device`) is still to come.
 
 The caller drives it (no I/O here): feed what the homeserver said
 (`receive_sync`, room state via `set_room_encryption` / `room_member_left` /
@@ -30,7 +32,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gapline.matrix import (
@@ -44,8 +46,10 @@ from gapline.matrix import (
 )
 
 from ._account import SIGNED_CURVE25519, AccountMachine
+from ._backup import KeyBackup
 from ._canonical import SignatureInvalid, verify_signature
 from ._changes import ChangeBuilder, Changes, OutgoingRecord
+from ._cross_signing import CrossSigning
 from ._devices import DeviceTracker
 from ._errors import (
     CorruptCryptoStore,
@@ -71,8 +75,10 @@ from ._types import (
     RequestKind,
     ShareReport,
     ShareState,
+    TrustLevel,
     UnableToDecrypt,
 )
+from ._vault import SecretVault
 
 __all__ = ["CryptoMachine"]
 
@@ -106,7 +112,7 @@ class CryptoMachine:
             account.user_id, account.device_id, account.ed25519, account.curve25519
         )
         self.olm = OlmSessions(account)
-        self.inbound = InboundGroupSessions(keys, self.devices.by_curve25519)
+        self.inbound = InboundGroupSessions(keys, self._device_by_curve25519)
         parts = Parts(account, self.devices, self.olm, self.inbound, keys, clock)
         self.receiver = ToDeviceReceiver(parts)
         self.outbound = GroupSessionManager(parts)
@@ -118,6 +124,9 @@ class CryptoMachine:
         self._claim_wanted: dict[tuple[str, str], Device] = {}
         self._no_olm: dict[tuple[str, str], int] = {}  # device -> when its claim came back empty
         self._requery: set[str] = set()
+        self.vault = SecretVault(keys)  # private keys held: backup key, cross-signing seeds
+        self.cross_signing = CrossSigning(account, self.devices, self.vault)
+        self.backup = KeyBackup(self.inbound, self.vault, self.devices, account, self.cross_signing)
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -176,6 +185,10 @@ class CryptoMachine:
             machine.outbound.load(state.rooms, state.outbound_sessions, state.shares)
             part = "pending to-device events"
             machine.receiver.load(state.pending)
+            part = "held secrets"
+            machine.vault.load(state.secrets)
+            part = "key backup state"
+            machine.backup.load(state.backup_version, state.backed_up)
         except (
             ValueError,
             KeyError,
@@ -203,10 +216,19 @@ class CryptoMachine:
 
     def devices_of(self, user_id: str) -> list[Device]:
         """A user's current devices with their trust level (for a device list)."""
-        return self.devices.devices_of(user_id)
+        trust = self.cross_signing.trust_of
+        return [replace(d, trust=trust(d)) for d in self.devices.devices_of(user_id)]
+
+    def _device_by_curve25519(self, key: str) -> Device | None:
+        """The device of a Curve25519 key, its trust raised to ``VERIFIED`` where due."""
+        d = self.devices.by_curve25519(key)
+        if d is None or d.trust is not TrustLevel.CROSS_SIGNED:
+            return d
+        return replace(d, trust=self.cross_signing.trust_of(d))
 
     def device(self, user_id: str, device_id: str) -> Device | None:
-        return self.devices.get(user_id, device_id)
+        d = self.devices.get(user_id, device_id)
+        return None if d is None else replace(d, trust=self.cross_signing.trust_of(d))
 
     # -- what the homeserver said ---------------------------------------------------------------
 
@@ -459,6 +481,8 @@ class CryptoMachine:
             or self.inbound.dirty
             or self.outbound.dirty
             or self.receiver.dirty
+            or self.vault.dirty
+            or self.backup.dirty
             or bool(self._outgoing_added or self._outgoing_removed)
         )
 
@@ -477,6 +501,8 @@ class CryptoMachine:
         self.inbound.drain(out)
         self.outbound.drain(out)
         self.receiver.drain(out)
+        self.vault.drain(out)
+        self.backup.drain(out)
         out.add(
             "outgoing_added",
             *(self._outgoing[r] for r in sorted(self._outgoing_added) if r in self._outgoing),

@@ -127,11 +127,43 @@ CREATE TABLE e2ee_outgoing (
 );
 """
 
+_V2 = """
+-- Private keys this device holds, each sealed by the value cipher (row-bound): the backup
+-- decryption key and the cross-signing seeds, by their secret-storage names.
+CREATE TABLE e2ee_secrets (
+    name TEXT PRIMARY KEY,
+    sealed {blob} NOT NULL
+);
+-- The server-side key backup version this device uploads to (one row, or none).
+CREATE TABLE e2ee_backup_version (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    version TEXT NOT NULL,
+    algorithm TEXT NOT NULL,
+    auth_data_json TEXT NOT NULL         -- as the server listed it (public key, signatures)
+);
+-- Which inbound sessions that version holds, and how good a copy: a session is uploaded
+-- again only when we come to hold it from an earlier index.
+CREATE TABLE e2ee_backed_up (
+    room_id TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    version TEXT NOT NULL,
+    first_known_index {bigint} NOT NULL,
+    restored INTEGER NOT NULL,           -- 1: the copy we hold came from this backup
+    PRIMARY KEY (room_id, session_id)
+);
+"""
+
 E2EE_MIGRATIONS = [
     Migration(
         1,
         "account, devices, Olm and Megolm sessions, shares, pending and outgoing to-device",
         sqlite=_V1.format(blob="BLOB", bigint="INTEGER"),
         postgres=_V1.format(blob="BYTEA", bigint="BIGINT"),
-    )
+    ),
+    Migration(
+        2,
+        "held private keys, the key backup version and which sessions it holds",
+        sqlite=_V2.format(blob="BLOB", bigint="INTEGER"),
+        postgres=_V2.format(blob="BYTEA", bigint="BIGINT"),
+    ),
 ]

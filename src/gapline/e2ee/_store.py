@@ -22,6 +22,8 @@ from gapline.storage import Tx
 
 from ._changes import (
     AccountRecord,
+    BackedUpRecord,
+    BackupVersionRecord,
     Changes,
     CrossSigningRecord,
     DeviceRecord,
@@ -31,10 +33,12 @@ from ._changes import (
     OutgoingRecord,
     PendingToDeviceRecord,
     RoomRecord,
+    SecretRecord,
     SeenRecord,
     ShareRecord,
     WithheldRecord,
 )
+from ._store_keys import load_key_rows, save_key_rows
 
 __all__ = ["StoredState", "load_state", "save_changes"]
 
@@ -242,6 +246,7 @@ def save_changes(tx: Tx, changes: Changes) -> None:
             "DELETE FROM e2ee_outgoing WHERE request_id = ?",
             [(r,) for r in changes.outgoing_removed],
         )
+    save_key_rows(tx, changes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +266,9 @@ class StoredState:
     shares: tuple[ShareRecord, ...]
     pending: tuple[PendingToDeviceRecord, ...]
     outgoing: tuple[OutgoingRecord, ...]
+    secrets: tuple[SecretRecord, ...] = ()
+    backup_version: BackupVersionRecord | None = None
+    backed_up: tuple[BackedUpRecord, ...] = ()
 
 
 def _all(tx: Tx, sql: str) -> list[tuple[Any, ...]]:
@@ -379,4 +387,5 @@ def load_state(tx: Tx) -> StoredState:
                 " ORDER BY seq, request_id",
             )
         ),
+        **load_key_rows(tx, _all),
     )

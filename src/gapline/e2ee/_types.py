@@ -44,9 +44,10 @@ MEGOLM = "m.megolm.v1.aes-sha2"
 
 
 class TrustLevel(enum.StrEnum):
-    """How far a device is vouched for. Part 2 (verification) adds ``verified``."""
+    """How far a device is vouched for."""
 
     OWN = "own"  # this very device
+    VERIFIED = "verified"  # cross-signed under a master key we trust (ours, or one we signed)
     CROSS_SIGNED = (
         "cross_signed"  # signed by its owner's self-signing key, itself signed by the master key
     )

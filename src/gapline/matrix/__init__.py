@@ -12,7 +12,16 @@ Layers (sans-I/O, after matrix-nio and httpx):
 """
 
 from . import _api as api
+from . import _api_crypto as crypto_api
 from ._api import Direction, Request
+from ._api_crypto import (
+    BackupVersionResponse,
+    KeyBackupData,
+    RoomKeysResponse,
+    RoomKeysRoomResponse,
+    RoomKeysUpdateResponse,
+    SignaturesUploadResponse,
+)
 from ._client import MatrixClient, RetryPolicy, Session
 from ._errors import (
     Forbidden,
@@ -56,6 +65,7 @@ from ._responses import (
 )
 
 __all__ = [
+    "BackupVersionResponse",
     "BasicEvent",
     "ClientEvent",
     "ContextResponse",
@@ -66,6 +76,7 @@ __all__ = [
     "Forbidden",
     "InvitedRoom",
     "JoinedRoom",
+    "KeyBackupData",
     "KeysChangesResponse",
     "KeysClaimResponse",
     "KeysQueryResponse",
@@ -83,10 +94,14 @@ __all__ = [
     "RelationsResponse",
     "Request",
     "RetryPolicy",
+    "RoomKeysResponse",
+    "RoomKeysRoomResponse",
+    "RoomKeysUpdateResponse",
     "RoomMember",
     "Rooms",
     "SendResponse",
     "Session",
+    "SignaturesUploadResponse",
     "StateBlock",
     "StrippedStateEvent",
     "SyncResponse",
@@ -97,5 +112,6 @@ __all__ = [
     "UploadResponse",
     "WhoAmIResponse",
     "api",
+    "crypto_api",
     "parse",
 ]

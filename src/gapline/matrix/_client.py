@@ -34,6 +34,7 @@ import msgspec
 
 from . import _api
 from ._api import Direction, Request
+from ._client_backup import BackupEndpoints
 from ._client_keys import KeysEndpoints
 from ._client_user import UserEndpoints
 from ._errors import MatrixError, MatrixProtocolError, MatrixUnavailable, RateLimited
@@ -153,11 +154,13 @@ def _never_sent(exc: MatrixUnavailable) -> bool:
     return isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
 
 
-class MatrixClient(KeysEndpoints, UserEndpoints):
+class MatrixClient(KeysEndpoints, BackupEndpoints, UserEndpoints):
     """Async Matrix client-server access over ``httpx.AsyncClient``.
 
     The end-to-end key endpoints (``keys_upload``, ``keys_query``, ``keys_claim``,
-    ``keys_changes``, ``send_to_device``) come from `KeysEndpoints` (``_client_keys``).
+    ``keys_changes``, ``send_to_device``) come from `KeysEndpoints` (``_client_keys``), key
+    backup and cross-signing (``backup_version``, ``room_keys_put``, ``device_signing_upload``,
+    ...) from `BackupEndpoints` (``_client_backup``).
 
     ::
 

@@ -31,6 +31,7 @@ _WHY = {
 
 _TRUST = {
     TrustLevel.OWN: ("●", "this device", "bold"),
+    TrustLevel.VERIFIED: ("✔", "verified: cross-signed under a trusted master key", "bold green"),
     TrustLevel.CROSS_SIGNED: ("✓", "cross-signed by its owner", "green"),
     TrustLevel.UNSIGNED: ("?", "not signed by its owner", "yellow"),
 }
