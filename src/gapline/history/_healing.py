@@ -57,8 +57,6 @@ UTD_MIGRATIONS = [
     )
 ]
 
-_CHUNK = 400
-
 
 def _session_key(store: CacheStore, session_id: str) -> bytes:
     return store.cipher.lookup_key("megolm-session:" + session_id)[:16]
@@ -119,23 +117,14 @@ def undecrypted_of(
     room = store.find_room(tx, room_id)
     if room is None:
         return []
-    keys: list[bytes] = []
-    for session_id in dict.fromkeys(session_ids):
-        keys.extend(
-            bytes(e)
-            for (e,) in tx.all(
-                "SELECT event FROM history_utd WHERE room = ? AND session = ?",
-                (room.rid, _session_key(store, session_id)),
-            )
-        )
     found: list[StoredEvent] = []
-    for start in range(0, len(keys), _CHUNK):
-        chunk = keys[start : start + _CHUNK]
-        marks = ",".join("?" * len(chunk))
+    for session_id in dict.fromkeys(session_ids):
+        # One join in the index's order: no list of ids to pass back in chunks.
         for ord_, pos, event, body in tx.all(
-            "SELECT ord, pos, event, body FROM history_event"
-            f" WHERE room = ? AND event IN ({marks})",
-            (room.rid, *chunk),
+            "SELECT e.ord, e.pos, e.event, e.body FROM history_utd u"
+            " JOIN history_event e ON e.room = u.room AND e.event = u.event"
+            " WHERE u.room = ? AND u.session = ?",
+            (room.rid, _session_key(store, session_id)),
         ):
             stored, name = store.open_body(room.key + bytes(event), body)
             if is_undecrypted(stored):
