@@ -266,6 +266,8 @@ async def test_a_thread_reply_heals_in_the_thread_it_was_kept_in(tmp_path) -> No
         assert [r.body for r in rows] == ["in the thread"]
         [root_row] = [r for r in _events(s.rows()) if r.event_id == root.event_id]
         assert root_row.thread_summary is not None and root_row.thread_summary.count == 1
+        latest = root_row.thread_summary.latest
+        assert latest is not None and latest.body == "in the thread"  # the summary heals too
 
 
 async def test_a_member_leaving_rotates_the_room_session_also_after_a_restart(

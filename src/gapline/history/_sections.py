@@ -388,8 +388,9 @@ class Sections:
             self.store.relations.forget(self.tx, self.agg_room, again, self.known_keys)  # fmt: skip
         self.names.update((s.event_id, s.sender_name) for s in stored if s.sender_name)
         self.admission.placing = False
+        self.admission.refresh = {s.event_id for s in stored}
         placed, effects = self.admission.admit(EventsAdded(0, 0, tuple(s.event for s in stored)))
-        self.admission.placing = True
+        self.admission.placing, self.admission.refresh = True, set()
         assert placed.items is not None and placed.shown is not None
         hidden, copies = [], []
         for before, after, item, shown in zip(
