@@ -266,5 +266,22 @@ class NioDevice:
         assert isinstance(answer, nio.RoomSendResponse), answer
         return answer.event_id
 
+    async def hold_back_room_key(self, room_id: str) -> tuple[str, dict[str, Any]]:
+        """Share a new session for ``room_id`` as nio would, but keep its to-device messages:
+        nio believes it shared, so its next messages use the session nobody else has.
+        Returns the session ID and the held ``sendToDevice`` messages."""
+        c, olm = self.client, self.olm
+        await c.joined_members(room_id)
+        missing = c.get_missing_sessions(room_id)
+        if missing:
+            await c.keys_claim(missing)
+        sharing_with, to_device = olm.share_group_session(
+            room_id, list(c.rooms[room_id].users), ignore_unverified_devices=True
+        )
+        outbound = olm.outbound_group_sessions[room_id]
+        outbound.users_shared_with.update(sharing_with)
+        outbound.shared = True
+        return outbound.id, to_device["messages"]
+
     async def close(self) -> None:
         await self.client.close()

@@ -101,24 +101,13 @@ async def test_gapline_sends_encrypted_and_nio_decrypts_also_after_a_restart(sce
 
 async def test_nio_shares_its_key_late_and_the_retained_event_heals(scene: Scene) -> None:
     g, n, room = await _gapline_and_nio(scene)
-    c = n.client
-    olm = n.olm
-    await c.joined_members(room)
-    missing = c.get_missing_sessions(room)
-    if missing:
-        await c.keys_claim(missing)
-    sharing_with, to_device = olm.share_group_session(
-        room, list(c.rooms[room].users), ignore_unverified_devices=True
-    )
-    outbound = olm.outbound_group_sessions[room]
-    outbound.users_shared_with.update(sharing_with)
-    outbound.shared = True  # nio believes it shared; the key messages are held back
+    session_id, held = await n.hold_back_room_key(room)
     event_id = await n.send_text(room, "you will read this later")
     await g.wait_until(lambda: event_id in g.retained)
     _room, _event, utd = g.retained[event_id]
-    assert utd.reason is UtdReason.MISSING_ROOM_KEY and utd.session_id == outbound.id
+    assert utd.reason is UtdReason.MISSING_ROOM_KEY and utd.session_id == session_id
     async with scene.kit.client(n.session) as as_nio:
-        await as_nio.send_to_device("m.room.encrypted", to_device["messages"], "late-key")
+        await as_nio.send_to_device("m.room.encrypted", held, "late-key")
     await g.wait_until(lambda: event_id in g.bodies)
     assert g.bodies[event_id] == "you will read this later" and g.healed == [event_id]
 

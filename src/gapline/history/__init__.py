@@ -14,6 +14,7 @@ Public names are the wire protocol's own (docs/history.md). Where things live:
   rows a room shows in ``_timeline``.
 """
 
+from gapline.e2ee import Device, TrustLevel
 from gapline.history._bridge import Bridge, CommandExecutor, LineWriter, stream_lines
 from gapline.history._engine import Engine
 from gapline.history._mirror import Mirror, MirrorError, State
@@ -82,6 +83,8 @@ from gapline.history._types import (
     TimelineReset,
     TimelineState,
     TypingChanged,
+    Undecrypted,
+    UtdReason,
     VectorDiff,
     apply_diff,
     apply_diffs,
@@ -109,6 +112,7 @@ __all__ = [
     "Command",
     "CommandExecutor",
     "Continuity",
+    "Device",
     "DiffError",
     "DumpState",
     "EditMessage",
@@ -171,7 +175,10 @@ __all__ = [
     "TimelineItem",
     "TimelineReset",
     "TimelineState",
+    "TrustLevel",
     "TypingChanged",
+    "Undecrypted",
+    "UtdReason",
     "VectorDiff",
     "WireError",
     "answer_from_wire",

@@ -115,6 +115,7 @@ class _Batch:
     retained: dict[str, StoredEvent | None] = field(default_factory=dict)  # looked up
     detached: dict[str, ClientEvent | None] = field(default_factory=dict)  # looked up
     indexed: dict[str, tuple[str, str] | None] = field(default_factory=dict)  # looked up
+    refresh: set[str] = field(default_factory=set)  # rows to carry on as if changed
 
     def get(self, event_id: str) -> Aggregate:
         return self.aggregates.get(event_id, EMPTY)
@@ -133,6 +134,9 @@ class Admission:
         self.placing = True
         """The batch is placed by this admission (its rows get their aggregates with them);
         false when events already retained pass the rules again (an upgrade)."""
+        self.refresh: set[str] = set()
+        """Events whose rows now read differently though no relation changed them (a
+        healed thread reply: its root's summary quotes it again)."""
         self.thread_replies: dict[str, list[ClientEvent]] = {}
         """Thread replies newly admitted to the room's timeline, by root (for thread views)."""
 
@@ -153,6 +157,7 @@ class Admission:
             if quick is not None:
                 return quick, []
         batch.loaded.update(ids + targets)
+        batch.refresh = self.refresh & set(ids)
         batch.events = {e.event_id: e for e in events}
         batch.relations = dict(zip(ids, rels, strict=True))
         outside = [t for t in targets if t not in batch.events]
@@ -404,8 +409,8 @@ class Admission:
             outside[event_id] = shown
             return shown[2]
 
-        touched: set[str] = set(batch.changed)
-        pending = sorted(batch.changed)
+        touched: set[str] = batch.changed | batch.refresh
+        pending = sorted(touched)
         elsewhere = [i for i in pending if i not in rows]
         self._retained(batch, elsewhere)
         self._detached(batch, [i for i in elsewhere if batch.retained[i] is None])

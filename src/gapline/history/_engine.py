@@ -37,12 +37,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from gapline.e2ee import Device
 from gapline.history._cache_store import CacheStore, Cipher
 from gapline.history._commits import Commits
+from gapline.history._crypto import EngineCrypto
 from gapline.history._operations import Operations, Room
 from gapline.history._quotes import Quotes
 from gapline.history._sending import Sending
@@ -115,8 +117,10 @@ class Engine:
         tg: asyncio.TaskGroup,
         sync_timeline_limit: int | None,
         sync_timeout_ms: int,
+        e2ee: bool = False,
     ) -> None:
         self.store = store
+        self.crypto = EngineCrypto(store, client) if e2ee and client is not None else None
         self.client = client
         self.config = config
         self._publish = publish
@@ -132,6 +136,7 @@ class Engine:
             rooms=self._rooms,
             commits=self._commits,
             operations=self._operations,
+            crypto=self.crypto,
         )
         self._sync = Sync(
             store,
@@ -141,9 +146,10 @@ class Engine:
             timeline_limit=sync_timeline_limit,
             timeout_ms=sync_timeout_ms,
             typing=self._typing,
+            crypto=self.crypto,
         )
-        self._quotes = Quotes(client, self._commits, tg, self.flush_history)
-        self._sending = Sending(store, client, self._commits, self.flush_history)
+        self._quotes = Quotes(client, self._commits, tg, self.flush_history, crypto=self.crypto)
+        self._sending = Sending(store, client, self._commits, self.flush_history, self.crypto)
         self._threads = Threads(
             store=store,
             client=client,
@@ -152,6 +158,7 @@ class Engine:
             commits=self._commits,
             walks=self._walks,
             on_quotes=self._quotes_wanted,
+            crypto=self.crypto,
         )
         store.me = None if client is None else client.user_id
         self._sync_task: asyncio.Task[None] | None = None
@@ -174,6 +181,7 @@ class Engine:
         sync_timeout_ms: int = 30_000,
         kdf_cost: Any = None,
         cipher: Cipher | None = None,
+        e2ee: bool = False,
     ) -> AsyncGenerator[Engine]:
         """Open the store (checking the passphrase before anything else), start syncing.
 
@@ -183,6 +191,8 @@ class Engine:
         publishes nowhere. ``sync=False`` runs no sync loop (drive it with
         :meth:`sync_once`). A wrong passphrase raises
         :class:`~gapline.storage.WrongPassphrase` before any network request.
+        ``e2ee=True`` takes part in encrypted rooms: the device's crypto machine lives
+        in the same store, opened once the client is logged in (at the first sync).
         """
         own_backend = isinstance(store, (str, os.PathLike))
         if isinstance(store, (str, os.PathLike)):
@@ -215,6 +225,7 @@ class Engine:
                     tg=tg,
                     sync_timeline_limit=sync_timeline_limit,
                     sync_timeout_ms=sync_timeout_ms,
+                    e2ee=e2ee,
                 )
                 if sync and client is not None:
                     engine.start_sync()
@@ -262,6 +273,21 @@ class Engine:
     def me(self) -> str | None:
         """The account's user id (``None`` offline, or before the client logged in)."""
         return self.store.me or (None if self.client is None else self.client.user_id)
+
+    def is_encrypted(self, room_id: str) -> bool:
+        """The room's state says it is encrypted (as this device's crypto machine knows it;
+        ``False`` for an engine opened without ``e2ee``)."""
+        return self.crypto is not None and self.crypto.is_encrypted(room_id)
+
+    def devices(self, user_ids: Iterable[str]) -> dict[str, tuple[Device, ...]]:
+        """The devices known of each user (keys checked, each with its trust level), for a
+        device list; empty before the machine has queried them."""
+        driver = None if self.crypto is None else self.crypto.driver
+        if driver is None:
+            return {u: () for u in user_ids}
+        return {
+            u: tuple(d for d in driver.machine.devices_of(u) if not d.deleted) for u in user_ids
+        }
 
     def is_open(self, room_id: str) -> bool:
         return self._open(room_id) is not None

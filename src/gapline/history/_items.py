@@ -17,6 +17,8 @@ import enum
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from gapline.e2ee import UtdReason
+
 __all__ = [
     "READ_MARKER_ID",
     "EventItem",
@@ -30,6 +32,8 @@ __all__ = [
     "ThreadLatest",
     "ThreadSummary",
     "TimelineItem",
+    "Undecrypted",
+    "UtdReason",
 ]
 
 READ_MARKER_ID = "read-marker"
@@ -104,6 +108,19 @@ class ThreadSummary:
     participated: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Undecrypted:
+    """Why an encrypted event's row has no body (wire: ``{"UnableToDecrypt": {...}}``).
+
+    The row changes in place (same id, one ``Set`` diff) once the session's key
+    arrives and the event decrypts; a body is shown only after a decryption
+    succeeded.
+    """
+
+    session_id: str
+    reason: UtdReason
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EventItem:
     """A room event as the timeline shows it (wire variant ``Event``).
@@ -115,7 +132,9 @@ class EventItem:
     changed ("joined the room"). ``receipts`` lists the users whose read
     receipt sits on this row. ``sender_name`` is the sender's display name in
     the room as of the event (``None``: none known), disambiguated with the
-    user id when another member had the same name.
+    user id when another member had the same name. ``encrypted`` says the event
+    arrived as ``m.room.encrypted``; ``decryption`` is set (and ``body`` is
+    ``None``) while it could not be decrypted.
     """
 
     id: str
@@ -131,6 +150,8 @@ class EventItem:
     in_reply_to: InReplyTo | None = None
     reactions: tuple[Reaction, ...] = ()
     thread_summary: ThreadSummary | None = None
+    encrypted: bool = False
+    decryption: Undecrypted | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from gapline.history._commits import Commits
+from gapline.history._crypto import EngineCrypto
 from gapline.matrix import Forbidden, MatrixClient, MatrixError, MatrixHTTPError, NotFound
 
 __all__ = ["Quotes"]
@@ -35,7 +36,9 @@ class Quotes:
         commits: Commits,
         tg: asyncio.TaskGroup,
         flush: Callable[[str], Awaitable[None]],
+        crypto: EngineCrypto | None = None,
     ) -> None:
+        self._crypto = crypto
         self._client = client
         self._commits = commits
         self._tg = tg
@@ -80,6 +83,8 @@ class Quotes:
                 continue
             if event is not None and event.event_id != event_id:
                 event = None
+            if event is not None and self._crypto is not None and self._crypto.ready:
+                [event] = await self._crypto.decrypt(room_id, [event])
             await self._commits.room_write(room_id, lambda s, e=event, i=event_id: s.detach(i, e))
             await self._flush(room_id)
         self._wanted.pop(room_id, None)

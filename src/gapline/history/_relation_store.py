@@ -127,6 +127,18 @@ class RelationTables:
 
     # -- the relation index ---------------------------------------------------------------
 
+    def forget(self, tx: Tx, room: Room, event_ids: Iterable[str], known: dict[str, bytes]) -> None:
+        """Let these relation events take effect again: they were seen while their content
+        could not be read (undecryptable), and are decrypted now."""
+        keys = list(self._hashes(event_ids, known))
+        for start in range(0, len(keys), _CHUNK):
+            chunk = keys[start : start + _CHUNK]
+            tx.execute(
+                "DELETE FROM history_relation WHERE room = ?"
+                f" AND event IN ({','.join('?' * len(chunk))})",
+                (room.rid, *chunk),
+            )
+
     def indexed(
         self,
         tx: Tx,

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from gapline.history._aggregates import Aggregate, ThreadReply, visible_revision
+from gapline.history._decryption import decryption_of
 from gapline.history._items import (
     EventItem,
     InReplyTo,
@@ -199,6 +200,7 @@ def render(
             body = text_of(event, visible.revision.content)
         else:
             body = text_of(event, event.content)
+    encrypted, undecrypted = decryption_of(event)
     return EventItem(
         id=event.event_id,
         event_id=event.event_id,
@@ -212,6 +214,8 @@ def render(
         in_reply_to=None if redacted else reply,
         reactions=() if redacted or aggregate is None else _reactions(aggregate),
         thread_summary=None if aggregate is None else _thread(aggregate, event.sender, me),
+        encrypted=encrypted,
+        decryption=None if redacted else undecrypted,
     )
 
 

@@ -38,6 +38,7 @@ from typing import Any
 from gapline.history._admission import Admission
 from gapline.history._cache_store import CacheStore, thread_key
 from gapline.history._members import MemberView
+from gapline.history._relations import RelKind, relation_of
 from gapline.history._render import render
 from gapline.history._types import GapLifecycle
 from gapline.history._updates import (
@@ -53,6 +54,7 @@ from gapline.history._updates import (
     MembersUpdated,
     ReceiptsChanged,
     RelationIndexed,
+    RowChanged,
     RowsHidden,
     StoredEvent,
     Update,
@@ -99,6 +101,9 @@ class PageResult:
     start_reached: bool
     gap: GapRecord | None
 
+
+_CONTENT_RELATIONS = (RelKind.REPLACE, RelKind.ANNOTATION)
+"""Relations whose effect depends on the (encrypted) content, not only the cleartext."""
 
 _ROOM_LEVEL = (AggregateChanged, RelationIndexed, MembersUpdated, DetachedStored)
 """Updates kept with the room, never with one of its threads' timelines."""
@@ -364,6 +369,41 @@ class Sections:
             if after is not before.event:
                 self._emit(EventRewritten(before.key, after, before.sender_name))
         for effect in effects:
+            self._emit(effect)
+
+    def heal(self, stored: Sequence[StoredEvent]) -> None:
+        """Retained events that could not be decrypted and now are (oldest first, each
+        carrying its plaintext event): stored again, passed through the rules as if they
+        had just arrived, and each shown row changed in place (same row id)."""
+        if not stored:
+            return
+        # An edit or a reaction took no effect while its content was unreadable: let it
+        # take effect now. A thread reply counted already (its relation is cleartext).
+        again = [
+            s.event_id
+            for s in stored
+            if (r := relation_of(s.event)) is not None and r.kind in _CONTENT_RELATIONS
+        ]
+        if again:
+            self.store.relations.forget(self.tx, self.agg_room, again, self.known_keys)  # fmt: skip
+        self.names.update((s.event_id, s.sender_name) for s in stored if s.sender_name)
+        self.admission.placing = False
+        self.admission.refresh = {s.event_id for s in stored}
+        placed, effects = self.admission.admit(EventsAdded(0, 0, tuple(s.event for s in stored)))
+        self.admission.placing, self.admission.refresh = True, set()
+        assert placed.items is not None and placed.shown is not None
+        hidden, copies = [], []
+        for before, after, item, shown in zip(
+            stored, placed.events, placed.items, placed.shown, strict=True
+        ):
+            self._emit(EventRewritten(before.key, after, before.sender_name))
+            self.admission._rewrite_thread_copy(before, after, copies)  # a thread's own copy
+            self._emit(RowChanged(item))  # wherever its row is loaded: room or thread
+            if not shown:
+                hidden.append(before.key)
+        if hidden:
+            self._emit(RowsHidden(tuple(hidden)))
+        for effect in (*copies, *effects):
             self._emit(effect)
 
     def extend_threads(self, prev_batch: str | None) -> dict[str, list[Update]]:

@@ -17,6 +17,8 @@ from typing import Any
 
 from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
+from gapline.history._crypto import EngineCrypto
+from gapline.history._encrypted_send import CannotEncrypt, seal
 from gapline.history._failures import describe
 from gapline.history._relations import RelKind, is_redacted, relation_of
 from gapline.history._types import (
@@ -47,7 +49,9 @@ class Sending:
         client: MatrixClient | None,
         commits: Commits,
         flush: Callable[[str], Awaitable[None]],
+        crypto: EngineCrypto | None = None,
     ) -> None:
+        self._crypto = crypto
         self._store = store
         self._client = client
         self._commits = commits
@@ -60,7 +64,16 @@ class Sending:
             await call(self._client)
         except MatrixError as exc:
             return Failed(describe(exc))
+        except CannotEncrypt as exc:
+            return Failed(str(exc))
         return Ok()
+
+    async def _send(
+        self, client: MatrixClient, room_id: str, event_type: str, content: dict[str, Any]
+    ) -> str:
+        """Send a room event, encrypted when the room is (never in the clear there)."""
+        sealed = await seal(self._crypto, self._store, client, room_id, event_type, content)
+        return await client.send_event(room_id, sealed.event_type, sealed.content)
 
     async def message(self, command: SendMessage) -> Answer:
         content: dict[str, Any] = {"msgtype": "m.text", "body": command.body}
@@ -80,7 +93,7 @@ class Sending:
             }
         elif reply is not None:
             content["m.relates_to"] = {"m.in_reply_to": {"event_id": reply}}
-        return await self._call(lambda c: c.send_message(command.room_id, content))
+        return await self._call(lambda c: self._send(c, command.room_id, "m.room.message", content))
 
     async def reaction(self, command: SendReaction) -> Answer:
         """Add the reaction, or take this account's reaction with that key back."""
@@ -93,8 +106,9 @@ class Sending:
         ]
         if mine:
             return await self._call(lambda c: self._redact_all(c, command.room_id, mine))
+        relates = {"rel_type": "m.annotation", "event_id": command.event_id, "key": command.key}
         return await self._call(
-            lambda c: c.send_reaction(command.room_id, command.event_id, command.key)
+            lambda c: self._send(c, command.room_id, "m.reaction", {"m.relates_to": relates})
         )
 
     @staticmethod
@@ -132,7 +146,7 @@ class Sending:
             "m.new_content": new,
             "m.relates_to": {"rel_type": "m.replace", "event_id": command.event_id},
         }
-        return await self._call(lambda c: c.send_event(command.room_id, original.type, content))
+        return await self._call(lambda c: self._send(c, command.room_id, original.type, content))
 
     async def mark_read(self, command: MarkRead) -> Answer:
         room_id, event_id = command.room_id, command.event_id

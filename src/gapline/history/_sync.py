@@ -17,12 +17,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gapline.e2ee import Changes, E2eeError, KeyUpdates, RoomKeyId, save_changes
 from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
+from gapline.history._crypto import EngineCrypto
 from gapline.history._failures import describe
+from gapline.history._healing import heal, index_undecrypted, undecrypted_sessions
 from gapline.history._sections import Sections
-from gapline.history._updates import Update
-from gapline.matrix import MatrixClient, MatrixError, SyncResponse, UnknownToken
+from gapline.history._updates import StoredEvent, Update
+from gapline.matrix import ClientEvent, MatrixClient, MatrixError, SyncResponse, UnknownToken
 from gapline.storage import StorageError, Tx
 
 __all__ = ["Sync", "commit_sync", "typing_of"]
@@ -53,6 +56,27 @@ def commit_sync(
     return None, out
 
 
+def commit_encrypted_sync(
+    store: CacheStore,
+    tx: Tx,
+    response: SyncResponse,
+    changes: Changes | None,
+    healed: dict[str, list[tuple[StoredEvent, ClientEvent]]],
+) -> tuple[None, dict[str, list[Update]]]:
+    """:func:`commit_sync` of a sync whose encrypted events were decrypted, with the
+    crypto machine's changes (Olm state, room keys, to-device delivered: one token, one
+    transaction), its undecryptable events indexed, and the retained events its keys
+    decrypted healed in place."""
+    if changes is not None:
+        save_changes(tx, changes)
+    _, out = commit_sync(store, tx, response)
+    for room_id, joined in response.rooms.join.items():
+        index_undecrypted(store, tx, room_id, joined.timeline.events)
+    for room_id, events in healed.items():
+        out.setdefault(room_id, []).extend(heal(store, tx, room_id, events).get(room_id, []))
+    return None, out
+
+
 def typing_of(response: SyncResponse) -> dict[str, tuple[str, ...]]:
     """Who types in each room whose typing changed in this sync (``m.typing``)."""
     out: dict[str, tuple[str, ...]] = {}
@@ -77,7 +101,9 @@ class Sync:
         timeline_limit: int | None,
         timeout_ms: int,
         typing: Callable[[str, tuple[str, ...]], Awaitable[None]] | None = None,
+        crypto: EngineCrypto | None = None,
     ) -> None:
+        self._crypto = crypto
         self._store = store
         self._client = client
         self._commits = commits
@@ -102,18 +128,90 @@ class Sync:
         if initial:
             token = None
         response = await self._client.sync(since=token, timeout_ms=timeout_ms, filter=self._filter)
-        await self.ingest(response)
+        await self.ingest(response, initial=token is None)
         return response
 
-    async def ingest(self, response: SyncResponse) -> None:
-        """Commit one sync answer (see :func:`commit_sync`) and show it in the open rooms."""
-        await self._commits.run(lambda tx: commit_sync(self._store, tx, response))
+    async def ingest(self, response: SyncResponse, *, initial: bool = False) -> None:
+        """Commit one sync answer (see :func:`commit_sync`) and show it in the open rooms;
+        with encryption, decrypted first and committed with the machine's changes."""
+        crypto = self._crypto
+        healed: list[str] = []
+        if crypto is not None and not crypto.ready and await crypto.ensure() is not None:
+            await self._sweep(crypto)
+        if crypto is not None and crypto.ready:
+            healed = await self._ingest_encrypted(crypto, response, initial=initial)
+        else:
+            await self._commits.run(lambda tx: commit_sync(self._store, tx, response))
+        self._after(response)
+        for room_id in dict.fromkeys([*response.rooms.join, *healed]):
+            await self._flush_room(room_id)
+        if crypto is not None and crypto.ready:
+            await self.after_keys(crypto, await crypto.send_outgoing())
+        await self._announce(response)
+
+    async def _ingest_encrypted(
+        self, crypto: EngineCrypto, response: SyncResponse, *, initial: bool
+    ) -> list[str]:
+        """The encrypted path of :meth:`ingest`; returns the rooms whose rows healed."""
+        store = self._store
+        async with crypto.lock:
+            response, updates = await crypto.prepare_sync(response, initial=initial)
+            healed = await crypto.healing(updates.room_keys)
+            changes = crypto.take_changes()
+            try:
+                await self._commits.run(
+                    lambda tx: commit_encrypted_sync(store, tx, response, changes, healed)
+                )
+            except Exception:
+                await crypto.reopen()  # the machine is ahead of what is durable
+                raise
+        return list(healed)
+
+    async def after_keys(self, crypto: EngineCrypto, updates: KeyUpdates) -> None:
+        """Heal the retained events of the keys a request's answer delivered (a waiting
+        to-device payload handled once its sender's keys were known)."""
+        if not updates.room_keys:
+            return
+        store = self._store
+        async with crypto.lock:
+            healed = await crypto.healing(updates.room_keys)
+            changes = crypto.take_changes()
+            if not healed and changes is None:
+                return
+
+            def op(tx: Tx) -> tuple[None, dict[str, list[Update]]]:
+                if changes is not None:
+                    save_changes(tx, changes)
+                out: dict[str, list[Update]] = {}
+                for room_id, events in healed.items():
+                    out.update(heal(store, tx, room_id, events))
+                return None, out
+
+            try:
+                await self._commits.run(op)
+            except Exception:
+                await crypto.reopen()
+                raise
+        for room_id in healed:
+            await self._flush_room(room_id)
+
+    async def _sweep(self, crypto: EngineCrypto) -> None:
+        """At start: heal what a key saved before a crash (or in another process) can
+        decrypt, since the step that would have healed it may not have committed."""
+        store = self._store
+        sessions = await store.backend.read(lambda tx: undecrypted_sessions(store, tx))
+        assert crypto.driver is not None
+        inbound = crypto.driver.machine.inbound
+        keys = tuple(RoomKeyId(r, s) for r, s in sessions if inbound.has_session(r, s))
+        await self.after_keys(crypto, KeyUpdates(room_keys=keys))
+
+    def _after(self, response: SyncResponse) -> None:
         joined = set(response.rooms.join)
         self.joined = (
             joined if self.joined is None else (self.joined | joined) - set(response.rooms.leave)
         )
-        for room_id in response.rooms.join:
-            await self._flush_room(room_id)
+
+    async def _announce(self, response: SyncResponse) -> None:
         if self._typing is not None:
             for room_id, users in typing_of(response).items():
                 await self._typing(room_id, users)
@@ -136,6 +234,12 @@ class Sync:
                 self.error = None
             except UnknownToken as exc:
                 self.error = describe(exc)
+                log.error("sync stopped: %s", self.error)
+                return
+            except E2eeError as exc:
+                # The crypto store belongs to another device, or will not open: syncing on
+                # would show encrypted rooms without their keys. The cache stays readable.
+                self.error = f"end-to-end encryption cannot start: {exc}"
                 log.error("sync stopped: %s", self.error)
                 return
             except (MatrixError, StorageError) as exc:

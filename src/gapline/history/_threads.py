@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
+from gapline.history._crypto import EngineCrypto
 from gapline.history._operations import Room
 from gapline.history._timeline import Timeline
 from gapline.history._types import Answer, EngineConfig, Event, EventNotFound, Ok
@@ -46,7 +47,9 @@ class Threads:
         commits: Commits,
         walks: Walks,
         on_quotes: Callable[[str], Callable[[set[str]], None]],
+        crypto: EngineCrypto | None = None,
     ) -> None:
+        self.crypto = crypto
         self._store = store
         self._client = client
         self._config = config
@@ -62,11 +65,15 @@ class Threads:
         if self._client is None:
             return None
         try:
-            return await self._client.get_event(room_id, root)
+            event = await self._client.get_event(room_id, root)
         except NotFound:
             return EventNotFound()
         except MatrixError:
             return None  # shown without its root until a later open finds it
+        crypto = self.crypto
+        if crypto is not None and crypto.ready:
+            [event] = await crypto.decrypt(room_id, [event])
+        return event
 
     async def open(self, room: Room, root: str) -> Answer:
         if root in room.threads:

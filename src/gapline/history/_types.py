@@ -66,6 +66,8 @@ from gapline.history._items import (
     ThreadLatest,
     ThreadSummary,
     TimelineItem,
+    Undecrypted,
+    UtdReason,
 )
 
 __all__ = [
@@ -132,6 +134,8 @@ __all__ = [
     "TimelineReset",
     "TimelineState",
     "TypingChanged",
+    "Undecrypted",
+    "UtdReason",
     "VectorDiff",
     "apply_diff",
     "apply_diffs",

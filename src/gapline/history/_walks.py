@@ -31,11 +31,16 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 
+import msgspec
+
+from gapline.e2ee import save_changes
 from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
+from gapline.history._crypto import EngineCrypto
 from gapline.history._drive import drive
 from gapline.history._failures import describe
 from gapline.history._fill import Commit, WalkEnd, WalkFlow, WalkOutcome, backwards_walk
+from gapline.history._healing import index_undecrypted
 from gapline.history._operations import (
     Operation,
     OperationKind,
@@ -44,7 +49,7 @@ from gapline.history._operations import (
     shielded,
     uncancel,
 )
-from gapline.history._sections import PageResult, WalkState
+from gapline.history._sections import PageResult, Sections, WalkState
 from gapline.history._types import (
     Answer,
     Continuity,
@@ -86,7 +91,9 @@ class Walks:
         rooms: Mapping[str, Room],
         commits: Commits,
         operations: Operations,
+        crypto: EngineCrypto | None = None,
     ) -> None:
+        self._crypto = crypto
         self._store = store
         self._client = client
         self._config = config
@@ -103,22 +110,37 @@ class Walks:
         client = self._client
         assert client is not None
 
+        crypto = self._crypto if self._crypto is not None and self._crypto.ready else None
+
         async def fetch(request: Request) -> MessagesResponse:
             if room.thread_root is None:
-                return await client.request(request, MessagesResponse)
-            page = await client.request(request, RelationsResponse)
-            chunk = list(page.chunk)
-            if page.next_batch is None and room.root_event is not None:
-                chunk.append(room.root_event)  # the start of a thread is its root
-            return MessagesResponse(chunk=chunk, start="", end=page.next_batch)
+                page = await client.request(request, MessagesResponse)
+            else:
+                found = await client.request(request, RelationsResponse)
+                chunk = list(found.chunk)
+                if found.next_batch is None and room.root_event is not None:
+                    chunk.append(room.root_event)  # the start of a thread is its root
+                page = MessagesResponse(chunk=chunk, start="", end=found.next_batch)
+            if crypto is None:
+                return page
+            # Decrypted here, on the loop, so the page's write holds only storage work.
+            return msgspec.structs.replace(
+                page, chunk=await crypto.decrypt(room.room_id, page.chunk)
+            )
 
         async def commit(at: WalkState, effect: Commit) -> PageResult:
             then = GapLifecycle.Paused if pause_at_budget and effect.last else None
-            return await self._commits.room_write(
-                room.room_id,
-                lambda s: s.walk_page(at, effect.chunk, effect.end, then=then),
-                thread_root=room.thread_root,
-            )
+            changes = None if crypto is None else crypto.take_changes()
+
+            def page(s: Sections) -> PageResult:
+                if changes is not None:
+                    save_changes(s.tx, changes)  # the replay index, with the page
+                result = s.walk_page(at, effect.chunk, effect.end, then=then)
+                if crypto is not None:
+                    index_undecrypted(self._store, s.tx, room.room_id, effect.chunk)
+                return result
+
+            return await self._commits.room_write(room.room_id, page, thread_root=room.thread_root)
 
         return await drive(flow, state, fetch=fetch, commit=commit, flush=lambda: self.flush(room))
 

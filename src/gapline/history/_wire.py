@@ -194,6 +194,15 @@ def _item(item: TimelineItem) -> dict[str, Json]:
                     thread_summary=None
                     if item.thread_summary is None
                     else _thread(item.thread_summary),
+                    encrypted=True if item.encrypted else None,
+                    decryption=None
+                    if item.decryption is None
+                    else {
+                        "UnableToDecrypt": {
+                            "session_id": item.decryption.session_id,
+                            "reason": item.decryption.reason.value,
+                        }
+                    },
                 ),
             )
         case HistoryGapItem():

@@ -1,8 +1,9 @@
 """Decoding timeline items and diffs: the inverse of ``_wire``'s ``_item`` and ``_diff``.
 
 An ``Event`` item's fields added after the first protocol version
-(``sender_name``, ``in_reply_to``, ``reactions``, ``thread_summary``) are
-optional: a row written without them decodes with their defaults.
+(``sender_name``, ``in_reply_to``, ``reactions``, ``thread_summary``,
+``encrypted``, ``decryption``) are optional: a row written without them
+decodes with their defaults.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from gapline.history._types import (
     ThreadLatest,
     ThreadSummary,
     TimelineItem,
+    Undecrypted,
+    UtdReason,
     VectorDiff,
 )
 from gapline.history._wire import Json, WireError
@@ -57,9 +60,24 @@ _EVENT_ITEM_FIELDS = (
     "redacted",
     "receipts",
 )
-_EVENT_ITEM_OPTIONAL = ("sender_name", "in_reply_to", "reactions", "thread_summary")
+_EVENT_ITEM_OPTIONAL = (
+    "sender_name",
+    "in_reply_to",
+    "reactions",
+    "thread_summary",
+    "encrypted",
+    "decryption",
+)
 _GAP_FIELDS = ("id", "older_boundary", "newer_boundary", "lifecycle", "failure")
 _PREVIEW_FIELDS = ("event_id", "sender", "sender_name", "body", "redacted")
+
+
+def _decryption(value: Json, where: str) -> Undecrypted | None:
+    if value is None:
+        return None
+    _, payload = variant(value, where, (), ("UnableToDecrypt",))
+    f = Fields(payload, f"{where}.UnableToDecrypt", ("session_id", "reason"))
+    return Undecrypted(f.get("session_id", str_), f.get("reason", enum_of(UtdReason)))
 
 
 def _reply(value: Json, where: str) -> InReplyTo:
@@ -137,6 +155,8 @@ def item_from_wire(value: Json, where: str = "item") -> TimelineItem:
             in_reply_to=f.opt("in_reply_to", _reply),
             reactions=f.opt("reactions", _reactions, ()) or (),
             thread_summary=f.opt("thread_summary", _thread),
+            encrypted=f.opt("encrypted", bool_, False) or False,
+            decryption=f.opt("decryption", _decryption),
         )
     if name == "HistoryGap":
         f = Fields(payload, at, _GAP_FIELDS)

@@ -234,7 +234,13 @@ async def _serve(
             # The store first: a wrong passphrase is a clear error before any
             # network request. The sync loop starts only once the client is logged in.
             async with Engine.open(
-                store, client, config=config, passphrase=passphrase, sink=publisher, sync=False
+                store,
+                client,
+                config=config,
+                passphrase=passphrase,
+                sink=publisher,
+                sync=False,
+                e2ee=True,
             ) as engine:
                 opened = True
                 # Failures are raised after the engine closed (its task group would

@@ -69,6 +69,7 @@ from gapline.history import (
 from gapline.history import Event as EngineEventValue
 from gapline.history.rooms import RoomDirectory, RoomSummary
 from gapline.tui._actions import PLACEHOLDER, RowActions
+from gapline.tui._encryption import LOCK, CryptoView, device_list, room_encrypted
 from gapline.tui._text import FillProgress, recent_label, sender_colour, sender_label, typing_label
 from gapline.tui._timeline import TimelineView
 
@@ -156,6 +157,7 @@ class GaplineApp(RowActions, App[int]):
         Binding("plus", "react", "React", show=False),
         Binding("t", "thread", "Thread", show=False),
         Binding("m", "members", "Members", show=False),
+        Binding("v", "devices", "Devices", show=False),
         Binding("x", "mark_read", "Mark read", show=False),
         Binding("l", "live", "Live end", show=False),
         Binding("q", "quit", "Quit"),
@@ -191,6 +193,7 @@ class GaplineApp(RowActions, App[int]):
         self.thread_root: str | None = None  # the thread shown instead of the room, if any
         self.me: str | None = None  # this account, once the engine says
         self._marked: dict[str, str] = {}  # room id -> the event MarkRead last named
+        self.show_devices = False  # the side panel lists the members' devices (v)
 
     # -- layout --------------------------------------------------------------------------
 
@@ -354,7 +357,16 @@ class GaplineApp(RowActions, App[int]):
 
     def action_members(self) -> None:
         panel = self.query_one("#members", Static)
+        self.show_devices = False
         panel.set_class(not panel.has_class("-shown"), "-shown")
+        self.on_resize()
+        self._refresh_members()
+
+    def action_devices(self) -> None:
+        """The members' devices and their trust, in the side panel (v again hides it)."""
+        panel = self.query_one("#members", Static)
+        self.show_devices = not (panel.has_class("-shown") and self.show_devices)
+        panel.set_class(self.show_devices, "-shown")
         self.on_resize()
         self._refresh_members()
 
@@ -551,10 +563,13 @@ class GaplineApp(RowActions, App[int]):
             status.update("choose a room on the left")
             return
         summary = self.directory.get(self.room_id) or RoomSummary(self.room_id)
+        label = summary.label
+        if room_encrypted(self._engine, self.room_id, self.mirror.items(self.room_id)):
+            label = f"{LOCK} {label}"
         if self.thread_root is None:
-            title.update(summary.label)
+            title.update(label)
         else:
-            title.update(f"{summary.label} / thread · esc back to the room")
+            title.update(f"{label} / thread · esc back to the room")
         state = self.mirror.state.recent(self.room_id)
         status.set_class(state.kind is RecentHistoryKind.Failed, "-failed")
         status.update(recent_label(state, report=self.mirror.state.repairs.get(self.room_id)))
@@ -575,6 +590,10 @@ class GaplineApp(RowActions, App[int]):
         if not panel.has_class("-shown"):
             return
         members = self.mirror.members(self.room_id) if self.room_id is not None else ()
+        if self.show_devices and isinstance(self._engine, CryptoView):
+            found = self._engine.devices(m.user_id for m in members)
+            panel.update(device_list(found, self._names()))
+            return
         text = Text(f"members ({len(members)})\n", style="bold")
         for member in members:
             name = sender_label(member.user_id, member.display_name)

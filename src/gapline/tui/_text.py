@@ -24,6 +24,7 @@ from gapline.history import (
     ReplyStatus,
     TimelineItem,
 )
+from gapline.tui._encryption import utd_words
 
 __all__ = [
     "SENDER_COLOURS",
@@ -192,6 +193,8 @@ def event_body(item: EventItem) -> tuple[str, bool]:
     events without a text, and state events (whose body says what changed)."""
     if item.redacted:
         return "message deleted", True
+    if item.decryption is not None:
+        return utd_words(item.decryption), True
     if item.body is None:
         return _describe_type(item.event_type), True
     if item.event_type not in ("m.room.message", "m.sticker"):

@@ -127,6 +127,7 @@ def engine_connect(
                 config=config,
                 kdf_cost=kdf_cost,
                 sync=sync,
+                e2ee=True,
             ) as engine:
                 yield engine
 

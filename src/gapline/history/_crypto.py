@@ -1,0 +1,229 @@
+"""The engine's end-to-end encryption: one `gapline.e2ee` machine where every event enters.
+
+:class:`EngineCrypto` holds the account's :class:`~gapline.e2ee.CryptoDriver`
+(opened once the client is logged in, on the cache's own backend, with a key
+derived from the cache's store key) and does for the engine what the machine
+leaves to its caller:
+
+- room state is fed to the machine as it arrives (``m.room.encryption``, from
+  the state block or the timeline, any time; members of encrypted rooms are
+  tracked, a leave retires the outbound session; history visibility is kept
+  for key sharing);
+- a sync's to-device events, device lists and key counts go in before its
+  timeline is decrypted, so keys carried by a sync decrypt that sync's events;
+- every ``m.room.encrypted`` event is decrypted on the event loop in batches
+  (vodozemac holds the GIL, so a thread would not free the loop; batches of
+  64 keep a stall under ~5 ms) and handed to the cache as
+  :func:`~gapline.history._decryption.as_cached` makes it;
+- the machine's changes are taken for the caller to save **in the write of
+  what caused them** (the sync token, a page), and the keys that arrived name
+  the sessions whose retained events heal.
+
+A failed write leaves the machine ahead of the store: :meth:`reopen` reloads
+it from what is durable. :attr:`lock` keeps a sync step, a key share and the
+sending of requests from interleaving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from gapline.e2ee import (
+    Changes,
+    CryptoDriver,
+    DecryptedEvent,
+    KeyUpdates,
+    RoomKeyId,
+    merge_updates,
+)
+from gapline.history._cache_store import CacheStore
+from gapline.history._decryption import ENCRYPTED, as_cached, unmarked
+from gapline.history._healing import UTD_MIGRATIONS, UTD_SCHEMA, undecrypted_of
+from gapline.history._updates import StoredEvent
+from gapline.matrix import ClientEvent, MatrixClient, MatrixError, SyncResponse
+
+__all__ = ["EngineCrypto"]
+
+log = logging.getLogger("gapline.history")
+
+STORE_KEY_LABEL = "gapline/history/e2ee-store-key/v1"
+BATCH = 64
+
+
+class EngineCrypto:
+    """One account's crypto machine, wired to its event cache (see the module doc)."""
+
+    def __init__(self, store: CacheStore, client: MatrixClient) -> None:
+        self._store = store
+        self._client = client
+        # 32 bytes derived from the cache's store key: the machine's pickles open only
+        # with the passphrase that opens the cache.
+        self._store_key = store.cipher.lookup_key(STORE_KEY_LABEL)
+        self.driver: CryptoDriver | None = None
+        self.lock = asyncio.Lock()
+        """Held by each step that takes the machine's changes to commit them with their
+        cause (a sync), or sends its requests (key sharing, uploads): two such steps
+        interleaved would send one request twice, or commit a sync's Olm state without
+        its token."""
+        self.visibility: dict[str, str] = {}
+        """Each room's ``m.room.history_visibility`` seen in this process (sharing)."""
+        self.checked_plain: set[str] = set()
+        """Rooms the server said carry no ``m.room.encryption`` (asked before a send)."""
+        self.members: dict[str, set[str]] = {}
+        """Joined and invited members of encrypted rooms seen in this process."""
+
+    async def ensure(self) -> CryptoDriver | None:
+        """The driver, opened on first use once the client is logged in (``None`` before)."""
+        if self.driver is not None:
+            return self.driver
+        client = self._client
+        if client.user_id is None or client.device_id is None:
+            return None
+        backend = self._store.backend
+        await backend.migrate(UTD_SCHEMA, UTD_MIGRATIONS)
+        self.driver = await CryptoDriver.open(backend, client, self._store_key)
+        await self.send_outgoing()  # device keys and one-time keys, when the store is new
+        return self.driver
+
+    @property
+    def ready(self) -> bool:
+        return self.driver is not None
+
+    async def reopen(self) -> None:
+        """Reload the machine from the store (a write of its changes failed)."""
+        if self.driver is not None:
+            self.driver = await CryptoDriver.open(
+                self._store.backend, self._client, self._store_key
+            )
+
+    def is_encrypted(self, room_id: str) -> bool:
+        return self.driver is not None and self.driver.machine.is_room_encrypted(room_id)
+
+    def take_changes(self) -> Changes | None:
+        """The machine's changes, for the caller's write (``None``: nothing changed)."""
+        machine = None if self.driver is None else self.driver.machine
+        if machine is None or not machine.has_unsaved_changes:
+            return None
+        return machine.take_changes()
+
+    # -- room state ------------------------------------------------------------------------
+
+    def observe(self, room_id: str, events: Iterable[ClientEvent]) -> None:
+        """Room state as it arrives (state block or timeline, in order)."""
+        assert self.driver is not None
+        machine = self.driver.machine
+        for event in events:
+            if event.state_key is None:
+                continue
+            if event.type == "m.room.encryption" and event.state_key == "":
+                machine.set_room_encryption(room_id, event.content)
+                self.checked_plain.discard(room_id)
+                if room_id not in self.members:
+                    self.members[room_id] = set()
+            elif event.type == "m.room.history_visibility" and event.state_key == "":
+                value = event.content.get("history_visibility")
+                if isinstance(value, str):
+                    self.visibility[room_id] = value
+            elif event.type == "m.room.member":
+                present = event.content.get("membership") in ("join", "invite")
+                members = self.members.setdefault(room_id, set())
+                if present:
+                    members.add(event.state_key)
+                else:  # left, kicked or banned: whoever had our session must not get the next
+                    members.discard(event.state_key)
+                    machine.room_member_left(room_id, event.state_key)
+        if machine.is_room_encrypted(room_id):
+            machine.update_tracked_users(self.members.get(room_id, ()))
+
+    # -- decryption ------------------------------------------------------------------------
+
+    async def decrypt(self, room_id: str, events: Sequence[ClientEvent]) -> list[ClientEvent]:
+        """The events as the cache keeps them: each encrypted one decrypted or marked
+        undecryptable, every other one as it came (with any forged mark dropped)."""
+        out = [unmarked(e) for e in events]
+        todo = [
+            i
+            for i, e in enumerate(out)
+            if e.type == ENCRYPTED and e.state_key is None and e.redacted_because is None
+        ]
+        if not todo or self.driver is None:
+            return out
+        results = await self.driver.decrypt_room_events(
+            room_id, [out[i] for i in todo], batch=BATCH
+        )
+        for i, result in zip(todo, results, strict=True):
+            out[i] = as_cached(out[i], result)
+        return out
+
+    async def prepare_sync(
+        self, response: SyncResponse, *, initial: bool
+    ) -> tuple[SyncResponse, KeyUpdates]:
+        """Feed one sync to the machine (state, then to-device and device lists), and the
+        sync with its timelines as the cache keeps them."""
+        assert self.driver is not None
+        rooms = dict(response.rooms.join)
+        for room_id, joined in rooms.items():
+            self.observe(room_id, [*joined.state.events, *joined.timeline.events])
+        updates = self.driver.machine.receive_sync(response, initial=initial)
+        for room_id, joined in rooms.items():
+            events = await self.decrypt(room_id, joined.timeline.events)
+            if any(a is not b for a, b in zip(events, joined.timeline.events, strict=True)):
+                timeline = msgspec.structs.replace(joined.timeline, events=events)
+                rooms[room_id] = msgspec.structs.replace(joined, timeline=timeline)
+        new_rooms = msgspec.structs.replace(response.rooms, join=rooms)
+        return msgspec.structs.replace(response, rooms=new_rooms), updates
+
+    async def healing(
+        self, keys: Iterable[RoomKeyId]
+    ) -> dict[str, list[tuple[StoredEvent, ClientEvent]]]:
+        """The retained undecryptable events of these sessions that decrypt now, by room:
+        each as it was read, with its plaintext event as the cache keeps it."""
+        by_room: dict[str, set[str]] = {}
+        for key in keys:
+            by_room.setdefault(key.room_id, set()).add(key.session_id)
+        if not by_room or self.driver is None:
+            return {}
+        store = self._store
+        out: dict[str, list[tuple[StoredEvent, ClientEvent]]] = {}
+        for room_id, sessions in by_room.items():
+            retained = await store.backend.read(
+                lambda tx, r=room_id, s=sessions: undecrypted_of(store, tx, r, s)
+            )
+            if not retained:
+                continue
+            results = await self.driver.decrypt_room_events(
+                room_id, [h.event for h in retained], batch=BATCH
+            )
+            healed = [
+                (h, as_cached(h.event, r))
+                for h, r in zip(retained, results, strict=True)
+                if isinstance(r, DecryptedEvent)
+            ]
+            if healed:
+                out[room_id] = healed
+        return out
+
+    async def send_outgoing(self) -> KeyUpdates:
+        """Send what the machine queued (key upload, queries, claims, to-device); what
+        the answers delivered (keys: heal their sessions)."""
+        machine = None if self.driver is None else self.driver.machine
+        if machine is None or (not machine.has_unsaved_changes and not machine.outgoing_requests()):
+            return KeyUpdates()
+        assert self.driver is not None
+        try:
+            async with self.lock:
+                result = await self.driver.send_outgoing()
+        except MatrixError as exc:
+            log.warning("end-to-end encryption requests failed: %s", exc)
+            return KeyUpdates()
+        for kind, exc in result.failed:
+            log.warning("end-to-end encryption request %s failed: %s", kind.value, exc)
+        return result.updates
+
+    @staticmethod
+    def merge(*updates: KeyUpdates) -> KeyUpdates:
+        return merge_updates(*updates)
