@@ -491,6 +491,7 @@ async def test_answers_for_rooms_not_open_unknown_and_invalid(tmp_path, fake, al
         await open_settled(h, room)
         assert await h.engine.execute(HistoryRepair(FillGap(room, "gap-x"))) == EventNotFound()
         assert await h.engine.execute(SendMessage(room, "hello")) == Ok()
+        await h.engine.send_queue.wait_sent(1)
         await h.engine.sync_once()
         last = h.engine.timeline(room).state.items[-1]
         assert isinstance(last, EventItem) and last.body == "hello"

@@ -13,6 +13,7 @@ from typing import TypeAlias
 
 __all__ = [
     "Cancel",
+    "CancelSend",
     "CloseRoom",
     "Command",
     "DumpState",
@@ -26,6 +27,7 @@ __all__ = [
     "PaginateBackwards",
     "RedactEvent",
     "RetryRecent",
+    "RetrySend",
     "SendMessage",
     "SendReaction",
     "SetTyping",
@@ -182,6 +184,24 @@ class SetTyping:
 
 
 @dataclass(frozen=True, slots=True)
+class RetrySend:
+    """Queue a message that failed again (its row goes back to ``Pending``); ``id`` is the
+    local echo row's id."""
+
+    room_id: str
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelSend:
+    """Drop a queued message that is pending or failed (its row goes); ``id`` is the local
+    echo row's id. One the homeserver already has cannot be cancelled (``Failed``)."""
+
+    room_id: str
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Shutdown:
     """Close every open room (each publishes ``Idle``) and stop the engine."""
 
@@ -206,4 +226,6 @@ Command: TypeAlias = (
     | OpenThread
     | ShrinkTimeline
     | SetTyping
+    | RetrySend
+    | CancelSend
 )

@@ -17,10 +17,11 @@ open rooms and dispatches commands. The work lives beside it:
 - ``_commits``: the one path every history write takes;
 - ``_sending``: the commands that write to a room (messages, reactions,
   redactions, edits, read markers, typing);
+- ``_send_queue``: the durable send queue messages go through, and its worker;
 - ``_threads``: thread views; ``_quotes``: fetching replied-to events.
 
-Task ownership: the engine owns one ``TaskGroup``. In it run the sync loop
-and, per open room, at most one *operation*. ``Cancel``, ``CloseRoom`` and
+Task ownership: the engine owns one ``TaskGroup``. In it run the sync loop,
+the send queue's worker and, per open room, at most one *operation*. ``Cancel``, ``CloseRoom`` and
 ``Shutdown`` cancel an operation; the operation itself turns the cancellation
 into its published outcome (``Cancelled``) and its answer (``Interrupted``),
 so every outcome is published by the task that owns it.
@@ -45,6 +46,7 @@ from gapline.history._cache_store import CacheStore, Cipher
 from gapline.history._commits import Commits
 from gapline.history._operations import Operations, Room
 from gapline.history._quotes import Quotes
+from gapline.history._send_queue import SendQueue
 from gapline.history._sending import Sending
 from gapline.history._sync import Sync
 from gapline.history._threads import Threads
@@ -52,6 +54,7 @@ from gapline.history._timeline import Timeline
 from gapline.history._types import (
     Answer,
     Cancel,
+    CancelSend,
     CloseRoom,
     Command,
     DumpState,
@@ -75,6 +78,7 @@ from gapline.history._types import (
     RecentHistoryState,
     RedactEvent,
     RetryRecent,
+    RetrySend,
     RoomNotOpen,
     SendMessage,
     SendReaction,
@@ -133,6 +137,14 @@ class Engine:
             commits=self._commits,
             operations=self._operations,
         )
+        self._send_queue = SendQueue(
+            store,
+            client,
+            self._commits,
+            self.flush_history,
+            publish,
+            backoff=config.send_backoff_s,
+        )
         self._sync = Sync(
             store,
             client,
@@ -141,9 +153,10 @@ class Engine:
             timeline_limit=sync_timeline_limit,
             timeout_ms=sync_timeout_ms,
             typing=self._typing,
+            after_ingest=self._send_queue.synced,
         )
         self._quotes = Quotes(client, self._commits, tg, self.flush_history)
-        self._sending = Sending(store, client, self._commits, self.flush_history)
+        self._sending = Sending(store, client, self._commits, self.flush_history, self._send_queue)
         self._threads = Threads(
             store=store,
             client=client,
@@ -155,6 +168,7 @@ class Engine:
         )
         store.me = None if client is None else client.user_id
         self._sync_task: asyncio.Task[None] | None = None
+        self._send_task: asyncio.Task[None] | None = None
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -170,6 +184,7 @@ class Engine:
         passphrase: str,
         sink: Any = None,
         sync: bool = True,
+        send: bool | None = None,
         sync_timeline_limit: int | None = None,
         sync_timeout_ms: int = 30_000,
         kdf_cost: Any = None,
@@ -181,7 +196,8 @@ class Engine:
         or an open :class:`~gapline.storage.Backend` (left open on exit).
         ``sink`` is an ``EventSink`` (``await sink.publish(event)``); ``None``
         publishes nowhere. ``sync=False`` runs no sync loop (drive it with
-        :meth:`sync_once`). A wrong passphrase raises
+        :meth:`sync_once`). ``send`` starts the send queue's worker (default: with the
+        sync loop; :meth:`start_sync` starts it too). A wrong passphrase raises
         :class:`~gapline.storage.WrongPassphrase` before any network request.
         """
         own_backend = isinstance(store, (str, os.PathLike))
@@ -216,8 +232,11 @@ class Engine:
                     sync_timeline_limit=sync_timeline_limit,
                     sync_timeout_ms=sync_timeout_ms,
                 )
+                await engine._send_queue.announce()
                 if sync and client is not None:
                     engine.start_sync()
+                elif send and client is not None:
+                    engine.start_sending()
                 try:
                     yield engine
                 finally:
@@ -239,6 +258,15 @@ class Engine:
             raise ValueError("an engine without a homeserver client cannot sync")
         self.store.me = self.client.user_id
         self._sync_task = self._tg.create_task(self._sync.run(), name="history-sync")
+        self.start_sending()
+
+    def start_sending(self) -> None:
+        """Start the send queue's worker (once; :meth:`start_sync` does it too). Messages
+        queued before, in this run or an earlier one, go out in order."""
+        if self._send_task is not None or self._closed or self.client is None:
+            return
+        self.store.me = self.client.user_id
+        self._send_task = self._tg.create_task(self._send_queue.run(), name="history-send")
 
     async def _shutdown(self) -> None:
         if self._closed:
@@ -246,10 +274,11 @@ class Engine:
         self._closed = True
         for room_id in list(self._rooms):
             await self._close_room(room_id)
-        if self._sync_task is not None:
-            self._sync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sync_task
+        for task in (self._sync_task, self._send_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._commits.drain()
 
     # -- public surface --------------------------------------------------------------------
@@ -322,6 +351,11 @@ class Engine:
         await self._quotes.wait()
 
     @property
+    def send_queue(self) -> SendQueue:
+        """The durable send queue (its counts, ``wait_sent`` for tests and tools)."""
+        return self._send_queue
+
+    @property
     def sync_count(self) -> int:
         return self._sync.count
 
@@ -362,6 +396,10 @@ class Engine:
                 return await self._write(command)
             case SetTyping():
                 return await self._write(command)
+            case RetrySend(room_id=room_id, id=row_id):
+                return await self._send_queue.retry(room_id, row_id)
+            case CancelSend(room_id=room_id, id=row_id):
+                return await self._send_queue.cancel(room_id, row_id)
             case OpenThread(room_id=room_id, thread_root=root):
                 room = self._open(room_id)
                 return RoomNotOpen() if room is None else await self._threads.open(room, root)

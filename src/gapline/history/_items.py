@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import ClassVar, TypeAlias
 
 __all__ = [
     "READ_MARKER_ID",
@@ -27,6 +27,8 @@ __all__ = [
     "Reaction",
     "ReadMarkerItem",
     "ReplyStatus",
+    "SendState",
+    "SendStateKind",
     "ThreadLatest",
     "ThreadSummary",
     "TimelineItem",
@@ -75,6 +77,37 @@ class InReplyTo:
     redacted: bool = False
 
 
+class SendStateKind(enum.Enum):
+    Pending = "Pending"
+    Failed = "Failed"
+
+
+@dataclass(frozen=True, slots=True)
+class SendState:
+    """Where a local echo (a message this account queued) stands: ``Pending`` until the
+    server's event replaces the row, ``Failed(message)`` after a permanent refusal.
+
+    Build ``Pending`` from :attr:`PENDING` and a failure with :meth:`failed`;
+    ``message`` is set exactly when ``kind`` is ``Failed``.
+    """
+
+    kind: SendStateKind
+    message: str | None = None
+
+    PENDING: ClassVar[SendState]
+
+    def __post_init__(self) -> None:
+        if (self.kind is SendStateKind.Failed) != (self.message is not None):
+            raise ValueError("SendState carries a message exactly when it is Failed")
+
+    @classmethod
+    def failed(cls, message: str) -> SendState:
+        return cls(SendStateKind.Failed, message)
+
+
+SendState.PENDING = SendState(SendStateKind.Pending)
+
+
 @dataclass(frozen=True, slots=True)
 class Reaction:
     """One reaction key on a row and who reacted with it, earliest first."""
@@ -115,7 +148,9 @@ class EventItem:
     changed ("joined the room"). ``receipts`` lists the users whose read
     receipt sits on this row. ``sender_name`` is the sender's display name in
     the room as of the event (``None``: none known), disambiguated with the
-    user id when another member had the same name.
+    user id when another member had the same name. ``send_state`` is ``None`` for an
+    event the server ordered, and set on a local echo: a message queued here and not
+    yet returned by the server (its ``id`` then survives the server's event replacing it).
     """
 
     id: str
@@ -131,6 +166,7 @@ class EventItem:
     in_reply_to: InReplyTo | None = None
     reactions: tuple[Reaction, ...] = ()
     thread_summary: ThreadSummary | None = None
+    send_state: SendState | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,7 +1,10 @@
 """Commands that write to a room: messages (replies, thread replies), reactions, redactions,
 edits, read markers, typing.
 
-Each answers ``Ok`` once the homeserver accepted the request; what it causes
+A message goes through the durable send queue (``_send_queue``): it answers
+``Ok`` once it is committed there and its local echo row (``Pending``) is
+published, and never waits on the homeserver. The others answer ``Ok`` once the
+homeserver accepted the request; what they cause
 (the message, the edit applied to its row, the reaction chip) arrives with
 the sync like anyone else's event, through the same relation rules. Only
 ``MarkRead`` also moves the marker and this account's receipt at once (the
@@ -19,6 +22,7 @@ from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
 from gapline.history._failures import describe
 from gapline.history._relations import RelKind, is_redacted, relation_of
+from gapline.history._send_queue import SendQueue
 from gapline.history._types import (
     Answer,
     EditMessage,
@@ -47,11 +51,13 @@ class Sending:
         client: MatrixClient | None,
         commits: Commits,
         flush: Callable[[str], Awaitable[None]],
+        queue: SendQueue,
     ) -> None:
         self._store = store
         self._client = client
         self._commits = commits
         self._flush = flush
+        self._queue = queue
 
     async def _call(self, call: Callable[[MatrixClient], Awaitable[Any]]) -> Answer:
         if self._client is None:
@@ -80,7 +86,11 @@ class Sending:
             }
         elif reply is not None:
             content["m.relates_to"] = {"m.in_reply_to": {"event_id": reply}}
-        return await self._call(lambda c: c.send_message(command.room_id, content))
+        if self._client is None:
+            return Failed(OFFLINE)
+        return await self._queue.enqueue(
+            command.room_id, "m.room.message", content, thread_root=root
+        )
 
     async def reaction(self, command: SendReaction) -> Answer:
         """Add the reaction, or take this account's reaction with that key back."""

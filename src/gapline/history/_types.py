@@ -34,6 +34,7 @@ from typing import ClassVar, TypeAlias
 
 from gapline.history._commands import (
     Cancel,
+    CancelSend,
     CloseRoom,
     Command,
     DumpState,
@@ -47,6 +48,7 @@ from gapline.history._commands import (
     PaginateBackwards,
     RedactEvent,
     RetryRecent,
+    RetrySend,
     SendMessage,
     SendReaction,
     SetTyping,
@@ -63,6 +65,8 @@ from gapline.history._items import (
     Reaction,
     ReadMarkerItem,
     ReplyStatus,
+    SendState,
+    SendStateKind,
     ThreadLatest,
     ThreadSummary,
     TimelineItem,
@@ -73,6 +77,7 @@ __all__ = [
     "Answer",
     "Append",
     "Cancel",
+    "CancelSend",
     "Clear",
     "CloseRoom",
     "Command",
@@ -117,10 +122,14 @@ __all__ = [
     "ReplyStatus",
     "Reset",
     "RetryRecent",
+    "RetrySend",
     "RoomBusy",
     "RoomNotOpen",
     "SendMessage",
+    "SendQueueChanged",
     "SendReaction",
+    "SendState",
+    "SendStateKind",
     "Set",
     "SetTyping",
     "ShrinkTimeline",
@@ -154,7 +163,9 @@ class EngineConfig:
     load on ``PaginateBackwards``); ``timeline_window`` bounds the rows an open
     room (or thread) holds in memory: scrolling back further drops rows at
     the newest end, and ``ShrinkTimeline`` (or returning to the live end)
-    reloads the newest ``open_window`` rows as one ``Reset`` diff.
+    reloads the newest ``open_window`` rows as one ``Reset`` diff;
+    ``send_backoff_s`` is the send queue's first and longest wait, in seconds,
+    while the homeserver is unreachable (it doubles in between).
     """
 
     initial_history_limit: int = 20
@@ -163,6 +174,7 @@ class EngineConfig:
     recent_pages: int = 4
     open_window: int = 100
     timeline_window: int = 3000
+    send_backoff_s: tuple[float, float] = (0.5, 10.0)
 
     def __post_init__(self) -> None:
         for name in ("initial_history_limit", "page_size", "page_budget", "recent_pages"):
@@ -484,6 +496,16 @@ class MembersChanged:
     members: tuple[Member, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class SendQueueChanged:
+    """How many messages the send queue holds (all rooms): ``pending`` not yet in the
+    room (queued, or acknowledged and awaiting the sync), ``failed`` refused for good.
+    Published when the engine starts and whenever either count changes."""
+
+    pending: int = 0
+    failed: int = 0
+
+
 Event: TypeAlias = (
     RecentHistoryChanged
     | HistoryRepairChanged
@@ -491,4 +513,5 @@ Event: TypeAlias = (
     | TimelineChanged
     | TypingChanged
     | MembersChanged
+    | SendQueueChanged
 )

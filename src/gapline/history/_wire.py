@@ -21,6 +21,7 @@ from gapline.history._mirror import State
 from gapline.history._types import (
     Append,
     Cancel,
+    CancelSend,
     Clear,
     CloseRoom,
     DumpState,
@@ -54,10 +55,14 @@ from gapline.history._types import (
     Remove,
     Reset,
     RetryRecent,
+    RetrySend,
     RoomBusy,
     RoomNotOpen,
     SendMessage,
+    SendQueueChanged,
     SendReaction,
+    SendState,
+    SendStateKind,
     Set,
     SetTyping,
     ShrinkTimeline,
@@ -170,6 +175,14 @@ def _member(member: Member) -> dict[str, Json]:
     }
 
 
+def _send_state(state: SendState | None) -> Json:
+    if state is None:
+        return None
+    if state.kind is SendStateKind.Failed:
+        return {"Failed": state.message}
+    return state.kind.value
+
+
 def _item(item: TimelineItem) -> dict[str, Json]:
     match item:
         case EventItem():
@@ -186,6 +199,7 @@ def _item(item: TimelineItem) -> dict[str, Json]:
                         "edited": item.edited,
                         "redacted": item.redacted,
                         "receipts": list(item.receipts),
+                        "send_state": _send_state(item.send_state),
                     },
                     sender_name=item.sender_name,
                     in_reply_to=None if item.in_reply_to is None else _reply(item.in_reply_to),
@@ -298,6 +312,10 @@ def to_wire(value: object) -> Json:
             return _tag("ShrinkTimeline", _with({"room_id": room_id}, thread_root=root))
         case SetTyping(room_id=room_id, typing=typing):
             return _tag("SetTyping", {"room_id": room_id, "typing": typing})
+        case RetrySend(room_id=room_id, id=row_id):
+            return _tag("RetrySend", {"room_id": room_id, "id": row_id})
+        case CancelSend(room_id=room_id, id=row_id):
+            return _tag("CancelSend", {"room_id": room_id, "id": row_id})
         case Shutdown():
             return "Shutdown"
         case DumpState():
@@ -338,6 +356,8 @@ def to_wire(value: object) -> Json:
             return _tag(
                 "MembersChanged", {"room_id": room_id, "members": [_member(m) for m in members]}
             )
+        case SendQueueChanged(pending=pending, failed=failed):
+            return _tag("SendQueueChanged", {"pending": pending, "failed": failed})
         # parts
         case EventItem() | HistoryGapItem() | ReadMarkerItem():
             return _item(value)

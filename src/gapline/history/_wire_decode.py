@@ -25,6 +25,7 @@ from gapline.history._mirror import State
 from gapline.history._types import (
     Answer,
     Cancel,
+    CancelSend,
     CloseRoom,
     Command,
     Continuity,
@@ -53,9 +54,11 @@ from gapline.history._types import (
     RepairPhase,
     RepairStop,
     RetryRecent,
+    RetrySend,
     RoomBusy,
     RoomNotOpen,
     SendMessage,
+    SendQueueChanged,
     SendReaction,
     SetTyping,
     ShrinkTimeline,
@@ -111,6 +114,8 @@ _COMMAND_DATAS = (
     "OpenThread",
     "ShrinkTimeline",
     "SetTyping",
+    "RetrySend",
+    "CancelSend",
 )
 
 
@@ -180,6 +185,10 @@ def command_from_wire(value: Json, where: str = "command") -> Command:
         case "SetTyping":
             f = Fields(payload, at, ("room_id", "typing"))
             return SetTyping(f.get("room_id", room_id), f.get("typing", bool_))
+        case "RetrySend" | "CancelSend":
+            f = Fields(payload, at, ("room_id", "id"))
+            kind = RetrySend if name == "RetrySend" else CancelSend
+            return kind(f.get("room_id", room_id), f.get("id", nonempty))
         case _:  # "HistoryRepair"
             inner, data = variant(payload, at, (), ("FillGap", "RetryRecent", "Cancel"))
             at = f"{at}.{inner}"
@@ -246,6 +255,7 @@ _EVENTS = (
     "TimelineChanged",
     "TypingChanged",
     "MembersChanged",
+    "SendQueueChanged",
 )
 
 
@@ -274,6 +284,9 @@ def event_from_wire(value: Json, where: str = "event") -> Event:
         case "TypingChanged":
             f = Fields(payload, at, ("room_id", "user_ids"))
             return TypingChanged(f.get("room_id", str_), f.get("user_ids", str_list))
+        case "SendQueueChanged":
+            f = Fields(payload, at, ("pending", "failed"))
+            return SendQueueChanged(f.get("pending", count), f.get("failed", count))
         case _:  # MembersChanged
             f = Fields(payload, at, ("room_id", "members"))
             return MembersChanged(f.get("room_id", str_), f.get("members", _members))

@@ -23,6 +23,7 @@ from gapline.history._types import (
     Remove,
     ReplyStatus,
     Reset,
+    SendState,
     Set,
     ThreadLatest,
     ThreadSummary,
@@ -57,7 +58,7 @@ _EVENT_ITEM_FIELDS = (
     "redacted",
     "receipts",
 )
-_EVENT_ITEM_OPTIONAL = ("sender_name", "in_reply_to", "reactions", "thread_summary")
+_EVENT_ITEM_OPTIONAL = ("sender_name", "in_reply_to", "reactions", "thread_summary", "send_state")
 _GAP_FIELDS = ("id", "older_boundary", "newer_boundary", "lifecycle", "failure")
 _PREVIEW_FIELDS = ("event_id", "sender", "sender_name", "body", "redacted")
 
@@ -108,6 +109,15 @@ def _reactions(value: Json, where: str) -> tuple[Reaction, ...]:
     return tuple(out)
 
 
+def _send_state(value: Json, where: str) -> SendState | None:
+    if value is None:
+        return None
+    name, payload = variant(value, where, ("Pending",), ("Failed",))
+    if name == "Pending":
+        return SendState.PENDING
+    return SendState.failed(str_(payload, f"{where}.Failed"))
+
+
 def member_from_wire(value: Json, where: str = "member") -> Member:
     f = Fields(value, where, ("user_id", "display_name", "membership"))
     return Member(
@@ -137,6 +147,7 @@ def item_from_wire(value: Json, where: str = "item") -> TimelineItem:
             in_reply_to=f.opt("in_reply_to", _reply),
             reactions=f.opt("reactions", _reactions, ()) or (),
             thread_summary=f.opt("thread_summary", _thread),
+            send_state=f.opt("send_state", _send_state),
         )
     if name == "HistoryGap":
         f = Fields(payload, at, _GAP_FIELDS)
