@@ -119,7 +119,10 @@ async def test_pending_row_comes_before_any_request_and_becomes_the_event(tmp_pa
         assert any(isinstance(d, Set) and d.value == mine[0] for d in diffs)
         assert h.mirror.send_queue == SendQueueChanged(pending=0, failed=0)
         assert tuple(items(h, room)) == h.engine.timeline(room).state.items
-    assert bodies_on_server(fake, room) == ["hello"]
+        # The queue emptied; the next message goes out as the first did.
+        assert await h.engine.execute(SendMessage(room, "again")) == Ok()
+        await h.engine.send_queue.wait_sent(2)
+    assert bodies_on_server(fake, room) == ["hello", "again"]
 
 
 async def test_unreachable_homeserver_retries_the_same_transaction_in_order(tmp_path, fake, alice):

@@ -111,6 +111,18 @@ async def test_acknowledged_rows_wait_for_the_sync_that_settles_them(open_store)
     assert store.sends.settled == 3
 
 
+async def test_queue_positions_keep_growing_after_the_queue_emptied(open_store) -> None:
+    store = await open_store()
+    first = await enqueue(store, "a", "a")
+    await store.backend.write(
+        lambda tx: store.sends.settle(tx, ROOM, [echo("$a", txn="a")], limited=False)
+    )
+    second = await enqueue(store, "b", "b")
+    assert second.seq > first.seq
+    queued, _ = await store.backend.read(lambda tx: store.sends.next_pending(tx, first.seq))
+    assert queued is not None and queued.txn_id == "b"
+
+
 async def test_an_answer_for_an_event_already_retained_settles_the_row(open_store) -> None:
     store = await open_store()
     await enqueue(store, "a", "a")

@@ -32,6 +32,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -63,6 +64,8 @@ from gapline.storage import StorageError, Tx
 __all__ = ["Outgoing", "SendQueue", "permanent_reason"]
 
 log = logging.getLogger("gapline.history")
+
+BATCH = 32  # pending rows the worker reads ahead in one read
 
 Outgoing = Callable[[QueuedSend], Awaitable[tuple[str, dict[str, Any]]]]
 """Turns a queued message into what is sent: ``(event_type, content)``."""
@@ -109,6 +112,7 @@ class SendQueue:
         self._first_delay, self._last_delay = backoff
         self._wake = asyncio.Event()
         self._cursor = 0  # queue position the worker has looked at
+        self._batch: deque[QueuedSend] = deque()  # pending rows read ahead, in order
         self._in_flight: str | None = None
         self._cancelled: set[str] = set()
         self._settled_seen = 0
@@ -178,7 +182,7 @@ class SendQueue:
         outcome = await self._commits.run(op)
         if not isinstance(outcome, QueuedSend):
             return outcome
-        self._cursor = min(self._cursor, outcome.seq - 1)
+        self._rewind(outcome.seq)
         await self._flush(room_id)
         self._wake.set()
         await self._recount()
@@ -215,19 +219,23 @@ class SendQueue:
         async with asyncio.TaskGroup() as tg:
             last_commit: asyncio.Task[None] | None = None
             while True:
-                try:
-                    queued, self._cursor = await self._store.backend.read(
-                        lambda tx: self._store.sends.next_pending(tx, self._cursor)
-                    )
-                except StorageError as exc:
-                    log.error("send queue: the store failed: %s", exc)
-                    await self._pause(delay)
-                    delay = min(delay * 2, self._last_delay)
-                    continue
-                if queued is None:
-                    await self._wake.wait()
-                    self._wake.clear()
-                    continue
+                if not self._batch:
+                    try:
+                        rows, self._cursor = await self._store.backend.read(
+                            lambda tx: self._store.sends.pending_batch(tx, self._cursor, BATCH)
+                        )
+                    except StorageError as exc:
+                        log.error("send queue: the store failed: %s", exc)
+                        await self._pause(delay)
+                        delay = min(delay * 2, self._last_delay)
+                        continue
+                    if not rows:
+                        self._cursor = 0  # nothing left after it: the next look starts over
+                        await self._wake.wait()
+                        self._wake.clear()
+                        continue
+                    self._batch.extend(rows)
+                queued = self._batch.popleft()
                 if queued.txn_id in self._cancelled:
                     continue
                 self._in_flight = queued.txn_id
@@ -238,7 +246,7 @@ class SendQueue:
                     if _transient(exc):
                         self.error = describe(exc)
                         log.warning("send queue: %s; retrying in %.1fs", self.error, delay)
-                        self._cursor = queued.seq - 1  # the same message, next time
+                        self._rewind(queued.seq)  # the same message, next time
                         await self._pause(delay)
                         delay = min(delay * 2, self._last_delay)
                         continue
@@ -262,6 +270,11 @@ class SendQueue:
                 # lands only means the same request is made again after restart.
                 previous = last_commit
                 last_commit = tg.create_task(self._commit_sent(queued, event_id, previous))
+
+    def _rewind(self, seq: int) -> None:
+        """Look again from queue position ``seq`` (rows read ahead are read again)."""
+        self._cursor = min(self._cursor, seq - 1)
+        self._batch.clear()
 
     async def _send(self, queued: QueuedSend) -> str:
         if self._client is None:
@@ -289,7 +302,7 @@ class SendQueue:
             # Not recorded: the same request goes out again (the homeserver answers the
             # same event id), and its answer is committed then.
             log.error("send queue: recording the answer for %s failed: %s", queued.txn_id, exc)
-            self._cursor = min(self._cursor, queued.seq - 1)
+            self._rewind(queued.seq)
             self._wake.set()
             return
         await self._flush(queued.room_id)

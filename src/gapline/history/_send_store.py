@@ -99,6 +99,7 @@ class SendTable:
         self._decode = msgspec.json.Decoder(_Payload).decode
         self.corrupt: dict[int, CorruptSend] = {}
         """Rows found unreadable so far (by seq), each reported once."""
+        self._last_seq = 0
         self.settled = 0
         """Rows settled by syncs so far (a changed count means the queue's counts moved)."""
 
@@ -157,8 +158,12 @@ class SendTable:
         created_ts: int,
         thread_root: str | None = None,
     ) -> QueuedSend:
-        row = tx.one("SELECT COALESCE(MAX(seq), 0) + 1 FROM history_send")
-        seq = int(row[0]) if row is not None else 1
+        # Positions only grow while the process runs (the worker's cursor relies on
+        # it), also after the table emptied; an empty table after a restart may start
+        # again at 1, as nothing queued is left to come after.
+        row = tx.one("SELECT COALESCE(MAX(seq), 0) FROM history_send")
+        seq = max(int(row[0]) if row is not None else 0, self._last_seq) + 1
+        self._last_seq = seq
         payload = _Payload(
             room_id=room_id,
             event_type=event_type,
@@ -276,19 +281,31 @@ class SendTable:
     def next_pending(self, tx: Tx, after: int) -> tuple[QueuedSend | None, int]:
         """The first readable pending row after queue position ``after``, and the last
         position looked at (unreadable rows on the way are reported and stepped over)."""
+        rows, last = self.pending_batch(tx, after, 1)
+        return (rows[0], rows[0].seq) if rows else (None, last)
+
+    def pending_batch(self, tx: Tx, after: int, limit: int) -> tuple[list[QueuedSend], int]:
+        """Up to ``limit`` readable pending rows after queue position ``after``, in queue
+        order, and the last position looked at (unreadable rows are reported and stepped
+        over; none readable and a position moved means: look again from there)."""
         while True:
             rows = tx.all(
                 f"SELECT {_COLUMNS} FROM history_send WHERE state = ? AND seq > ?"
-                " ORDER BY seq LIMIT 32",
-                (SendRow.PENDING.value, after),
+                " ORDER BY seq LIMIT ?",
+                (SendRow.PENDING.value, after, max(limit, 32)),
             )
             if not rows:
-                return None, after
+                return [], after
+            out: list[QueuedSend] = []
             for row in rows:
                 queued = self._open(row)
-                if queued is not None:
-                    return queued, queued.seq
                 after = row[0]
+                if queued is not None:
+                    out.append(queued)
+                    if len(out) == limit:
+                        return out, after
+            if out:
+                return out, after
 
     def of_room(self, tx: Tx, room_id: str, thread_root: str | None = None) -> list[QueuedSend]:
         """The room's (or thread's) queued messages, oldest first: its local echo rows."""
