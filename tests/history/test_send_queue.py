@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,7 @@ async def test_pending_row_comes_before_any_request_and_becomes_the_event(tmp_pa
         assert await h.engine.execute(SendMessage(room, "again")) == Ok()
         await h.engine.send_queue.wait_sent(2)
     assert bodies_on_server(fake, room) == ["hello", "again"]
+    assert len(send_txns(fake)) == 2  # each sent once
 
 
 async def test_unreachable_homeserver_retries_the_same_transaction_in_order(tmp_path, fake, alice):
@@ -166,13 +168,16 @@ async def test_a_permanent_refusal_fails_the_row_and_retry_or_cancel_follow(tmp_
         assert echoes(items(h, room))[0].send_state == SendState.PENDING
         await h.engine.send_queue.wait_sent(2)
         await h.engine.sync_once()
-        assert echoes(items(h, room)) == []
+        assert [(e.body, e.send_state) for e in echoes(items(h, room))] == []
         assert bodies_on_server(fake, room) == ["fine", "big"]
         assert [r.id for r in events(items(h, room)) if r.body == "big"] == [big.id]
         assert h.mirror.send_queue == SendQueueChanged(pending=0, failed=0)
         # Bad ids answer clearly.
         assert isinstance(await h.engine.execute(RetrySend(room, "$not-an-echo")), Invalid)
         assert await h.engine.execute(RetrySend(room, big.id)) == EventNotFound()
+    # No message went out more often than its refusals made it: "big" twice (refused, then
+    # retried), the others once.
+    assert sorted(Counter(send_txns(fake)).values()) == [1, 1, 2]
 
 
 async def test_retry_of_a_row_that_did_not_fail_is_invalid(tmp_path, fake, alice):

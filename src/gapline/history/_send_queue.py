@@ -115,6 +115,7 @@ class SendQueue:
         self._batch: deque[QueuedSend] = deque()  # pending rows read ahead, in order
         self._in_flight: str | None = None
         self._cancelled: set[str] = set()
+        self._acked: set[str] = set()  # answered, the answer not committed yet
         self._settled_seen = 0
         self._counts: tuple[int, int] | None = None
         self.error: str | None = None
@@ -236,8 +237,8 @@ class SendQueue:
                         continue
                     self._batch.extend(rows)
                 queued = self._batch.popleft()
-                if queued.txn_id in self._cancelled:
-                    continue
+                if queued.txn_id in self._cancelled or queued.txn_id in self._acked:
+                    continue  # dropped, or answered and its answer still being committed
                 self._in_flight = queued.txn_id
                 try:
                     event_id = await self._send(queued)
@@ -269,6 +270,7 @@ class SendQueue:
                 # order (each waits for the one before), and a crash before this one
                 # lands only means the same request is made again after restart.
                 previous = last_commit
+                self._acked.add(queued.txn_id)
                 last_commit = tg.create_task(self._commit_sent(queued, event_id, previous))
 
     def _rewind(self, seq: int) -> None:
@@ -285,6 +287,14 @@ class SendQueue:
         )
 
     async def _commit_sent(
+        self, queued: QueuedSend, event_id: str, previous: asyncio.Task[None] | None
+    ) -> None:
+        try:
+            await self._record_sent(queued, event_id, previous)
+        finally:
+            self._acked.discard(queued.txn_id)
+
+    async def _record_sent(
         self, queued: QueuedSend, event_id: str, previous: asyncio.Task[None] | None
     ) -> None:
         if previous is not None:
