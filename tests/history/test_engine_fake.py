@@ -50,16 +50,6 @@ from tests.history.test_engine_support import (
 )
 
 
-@pytest.fixture
-def fake() -> FakeHomeserver:
-    return FakeHomeserver()
-
-
-@pytest.fixture
-def alice(fake: FakeHomeserver):
-    return fake.register("alice")
-
-
 def client_for(fake: FakeHomeserver, session, **kwargs):
     return fake.client(session, retry=NO_RETRY, sleep=no_sleep, **kwargs)
 

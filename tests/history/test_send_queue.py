@@ -9,8 +9,6 @@ import sqlite3
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 from gapline.history import (
     CancelSend,
     EngineConfig,
@@ -31,23 +29,10 @@ from gapline.history import (
 )
 from gapline.matrix.testing import FakeHomeserver
 from tests.activity import Gate
-from tests.history.test_engine_support import NO_RETRY, no_sleep, open_engine
+from tests.history.test_engine_fake import client_for
+from tests.history.test_engine_support import open_engine
 
 FAST = EngineConfig(send_backoff_s=(0.01, 0.05))
-
-
-@pytest.fixture
-def fake() -> FakeHomeserver:
-    return FakeHomeserver()
-
-
-@pytest.fixture
-def alice(fake: FakeHomeserver):
-    return fake.register("alice")
-
-
-def client_for(fake: FakeHomeserver, session, **kwargs):
-    return fake.client(session, retry=NO_RETRY, sleep=no_sleep, **kwargs)
 
 
 def items(h, room: str) -> tuple:
