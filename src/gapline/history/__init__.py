@@ -20,6 +20,7 @@ from gapline.history._mirror import Mirror, MirrorError, State
 from gapline.history._publish import EventQueue, EventSink, Publisher
 from gapline.history._types import (
     READ_MARKER_ID,
+    AcceptInvite,
     Answer,
     Append,
     Cancel,
@@ -28,6 +29,8 @@ from gapline.history._types import (
     CloseRoom,
     Command,
     Continuity,
+    CreateRoom,
+    DeclineInvite,
     DiffError,
     DumpState,
     EditMessage,
@@ -47,6 +50,8 @@ from gapline.history._types import (
     Insert,
     Interrupted,
     Invalid,
+    JoinRoom,
+    LeaveRoom,
     MarkRead,
     Member,
     MembersChanged,
@@ -105,6 +110,7 @@ from gapline.history._wire_decode import (
 
 __all__ = [
     "READ_MARKER_ID",
+    "AcceptInvite",
     "Answer",
     "Append",
     "Bridge",
@@ -115,6 +121,8 @@ __all__ = [
     "Command",
     "CommandExecutor",
     "Continuity",
+    "CreateRoom",
+    "DeclineInvite",
     "DiffError",
     "DumpState",
     "EditMessage",
@@ -137,6 +145,8 @@ __all__ = [
     "Insert",
     "Interrupted",
     "Invalid",
+    "JoinRoom",
+    "LeaveRoom",
     "LineWriter",
     "MarkRead",
     "Member",

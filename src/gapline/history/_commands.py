@@ -12,15 +12,20 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 __all__ = [
+    "AcceptInvite",
     "Cancel",
     "CancelSend",
     "CloseRoom",
     "Command",
+    "CreateRoom",
+    "DeclineInvite",
     "DumpState",
     "EditMessage",
     "FillGap",
     "HistoryRepair",
     "HistoryRepairCommand",
+    "JoinRoom",
+    "LeaveRoom",
     "MarkRead",
     "OpenRoom",
     "OpenThread",
@@ -202,6 +207,47 @@ class CancelSend:
 
 
 @dataclass(frozen=True, slots=True)
+class JoinRoom:
+    """Join a room by id (``!``) or alias (``#name:server``); ``Ok`` once the homeserver
+    has the join, and the room can be opened then."""
+
+    room: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveRoom:
+    """Leave a room (closing it first if it is open)."""
+
+    room_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptInvite:
+    """Join a room this account was invited to."""
+
+    room_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeclineInvite:
+    """Refuse an invite (leave the room one was invited to)."""
+
+    room_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRoom:
+    """Create a private room and invite ``invitees``; ``encrypted`` turns on end-to-end
+    encryption from the start, ``direct`` makes it a direct chat (``m.direct``)."""
+
+    name: str | None = None
+    topic: str | None = None
+    invitees: tuple[str, ...] = ()
+    encrypted: bool = False
+    direct: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Shutdown:
     """Close every open room (each publishes ``Idle``) and stop the engine."""
 
@@ -228,4 +274,9 @@ Command: TypeAlias = (
     | SetTyping
     | RetrySend
     | CancelSend
+    | JoinRoom
+    | LeaveRoom
+    | AcceptInvite
+    | DeclineInvite
+    | CreateRoom
 )

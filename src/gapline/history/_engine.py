@@ -18,6 +18,7 @@ open rooms and dispatches commands. The work lives beside it:
 - ``_sending``: the commands that write to a room (messages, reactions,
   redactions, edits, read markers, typing);
 - ``_send_queue``: the durable send queue messages go through, and its worker;
+- ``_joining``: joining, leaving, invites and creating rooms;
 - ``_threads``: thread views; ``_quotes``: fetching replied-to events.
 
 Task ownership: the engine owns one ``TaskGroup``. In it run the sync loop,
@@ -44,6 +45,7 @@ from typing import Any
 
 from gapline.history._cache_store import CacheStore, Cipher
 from gapline.history._commits import Commits
+from gapline.history._joining import Joining
 from gapline.history._operations import Operations, Room
 from gapline.history._quotes import Quotes
 from gapline.history._send_queue import SendQueue
@@ -52,11 +54,14 @@ from gapline.history._sync import Sync
 from gapline.history._threads import Threads
 from gapline.history._timeline import Timeline
 from gapline.history._types import (
+    AcceptInvite,
     Answer,
     Cancel,
     CancelSend,
     CloseRoom,
     Command,
+    CreateRoom,
+    DeclineInvite,
     DumpState,
     EditMessage,
     EngineConfig,
@@ -67,6 +72,8 @@ from gapline.history._types import (
     HistoryRepair,
     Interrupted,
     Invalid,
+    JoinRoom,
+    LeaveRoom,
     MarkRead,
     Member,
     MembersChanged,
@@ -165,6 +172,9 @@ class Engine:
             commits=self._commits,
             walks=self._walks,
             on_quotes=self._quotes_wanted,
+        )
+        self._joining = Joining(
+            client, joined=self._note_joined, left=self._note_left, close=self._close_room
         )
         store.me = None if client is None else client.user_id
         self._sync_task: asyncio.Task[None] | None = None
@@ -400,6 +410,18 @@ class Engine:
                 return await self._send_queue.retry(room_id, row_id)
             case CancelSend(room_id=room_id, id=row_id):
                 return await self._send_queue.cancel(room_id, row_id)
+            case JoinRoom(room=room):
+                return await self._joining.join(room)
+            case AcceptInvite(room_id=room_id):
+                return await self._joining.join(room_id, action="accept the invite to")
+            case LeaveRoom(room_id=room_id):
+                return await self._joining.leave(room_id)
+            case DeclineInvite(room_id=room_id):
+                return await self._joining.leave(room_id, action="decline the invite to")
+            case CreateRoom(name=name, topic=topic, invitees=invitees, encrypted=enc, direct=d):
+                return await self._joining.create(
+                    name=name, topic=topic, invitees=invitees, encrypted=enc, direct=d
+                )
             case OpenThread(room_id=room_id, thread_root=root):
                 room = self._open(room_id)
                 return RoomNotOpen() if room is None else await self._threads.open(room, root)
@@ -482,6 +504,15 @@ class Engine:
 
     def _quotes_wanted(self, room_id: str):
         return lambda event_ids: self._quotes.want(room_id, event_ids)
+
+    def _note_joined(self, room_id: str) -> None:
+        """A join the server made: the room opens before the next sync reports it."""
+        if self._sync.joined is not None:
+            self._sync.joined.add(room_id)
+
+    def _note_left(self, room_id: str) -> None:
+        if self._sync.joined is not None:
+            self._sync.joined.discard(room_id)
 
     async def _typing(self, room_id: str, users: tuple[str, ...]) -> None:
         room = self._open(room_id)

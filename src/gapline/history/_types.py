@@ -33,15 +33,20 @@ from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias
 
 from gapline.history._commands import (
+    AcceptInvite,
     Cancel,
     CancelSend,
     CloseRoom,
     Command,
+    CreateRoom,
+    DeclineInvite,
     DumpState,
     EditMessage,
     FillGap,
     HistoryRepair,
     HistoryRepairCommand,
+    JoinRoom,
+    LeaveRoom,
     MarkRead,
     OpenRoom,
     OpenThread,
@@ -74,6 +79,7 @@ from gapline.history._items import (
 
 __all__ = [
     "READ_MARKER_ID",
+    "AcceptInvite",
     "Answer",
     "Append",
     "Cancel",
@@ -82,6 +88,8 @@ __all__ = [
     "CloseRoom",
     "Command",
     "Continuity",
+    "CreateRoom",
+    "DeclineInvite",
     "DiffError",
     "DumpState",
     "EditMessage",
@@ -101,6 +109,8 @@ __all__ = [
     "Insert",
     "Interrupted",
     "Invalid",
+    "JoinRoom",
+    "LeaveRoom",
     "MarkRead",
     "Member",
     "MembersChanged",

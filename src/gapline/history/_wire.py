@@ -19,11 +19,14 @@ from typing import Any
 
 from gapline.history._mirror import State
 from gapline.history._types import (
+    AcceptInvite,
     Append,
     Cancel,
     CancelSend,
     Clear,
     CloseRoom,
+    CreateRoom,
+    DeclineInvite,
     DumpState,
     EditMessage,
     EventItem,
@@ -38,6 +41,8 @@ from gapline.history._types import (
     Insert,
     Interrupted,
     Invalid,
+    JoinRoom,
+    LeaveRoom,
     MarkRead,
     Member,
     MembersChanged,
@@ -316,6 +321,26 @@ def to_wire(value: object) -> Json:
             return _tag("RetrySend", {"room_id": room_id, "id": row_id})
         case CancelSend(room_id=room_id, id=row_id):
             return _tag("CancelSend", {"room_id": room_id, "id": row_id})
+        case JoinRoom(room=room):
+            return _tag("JoinRoom", {"room": room})
+        case LeaveRoom(room_id=room_id):
+            return _tag("LeaveRoom", {"room_id": room_id})
+        case AcceptInvite(room_id=room_id):
+            return _tag("AcceptInvite", {"room_id": room_id})
+        case DeclineInvite(room_id=room_id):
+            return _tag("DeclineInvite", {"room_id": room_id})
+        case CreateRoom(name=name, topic=topic, invitees=invitees, encrypted=enc, direct=direct):
+            return _tag(
+                "CreateRoom",
+                _with(
+                    {},
+                    name=name,
+                    topic=topic,
+                    invitees=list(invitees) or None,
+                    encrypted=enc or None,
+                    direct=direct or None,
+                ),
+            )
         case Shutdown():
             return "Shutdown"
         case DumpState():

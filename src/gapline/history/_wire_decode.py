@@ -23,12 +23,15 @@ from typing import TypeVar
 
 from gapline.history._mirror import State
 from gapline.history._types import (
+    AcceptInvite,
     Answer,
     Cancel,
     CancelSend,
     CloseRoom,
     Command,
     Continuity,
+    CreateRoom,
+    DeclineInvite,
     DumpState,
     EditMessage,
     Event,
@@ -40,6 +43,8 @@ from gapline.history._types import (
     HistoryRepairReport,
     Interrupted,
     Invalid,
+    JoinRoom,
+    LeaveRoom,
     MarkRead,
     Member,
     MembersChanged,
@@ -116,6 +121,11 @@ _COMMAND_DATAS = (
     "SetTyping",
     "RetrySend",
     "CancelSend",
+    "JoinRoom",
+    "LeaveRoom",
+    "AcceptInvite",
+    "DeclineInvite",
+    "CreateRoom",
 )
 
 
@@ -124,6 +134,21 @@ def _reaction_key(value: Json, where: str) -> str:
     if len(key) > 256:
         raise WireError(f"{where}: a reaction key is at most 256 characters")
     return key
+
+
+def _room_or_alias(value: Json, where: str) -> str:
+    text = str_(value, where)
+    if text.startswith("#") and ":" in text and len(text) >= 4:
+        return text
+    return room_id(text, where)
+
+
+def _user_ids(value: Json, where: str) -> tuple[str, ...]:
+    users = str_list(value, where)
+    for user in users:
+        if not (user.startswith("@") and ":" in user):
+            raise WireError(f"{where}: expected Matrix user ids (@name:server), got {user!r}")
+    return users
 
 
 def command_from_wire(value: Json, where: str = "command") -> Command:
@@ -185,6 +210,21 @@ def command_from_wire(value: Json, where: str = "command") -> Command:
         case "SetTyping":
             f = Fields(payload, at, ("room_id", "typing"))
             return SetTyping(f.get("room_id", room_id), f.get("typing", bool_))
+        case "JoinRoom":
+            return JoinRoom(Fields(payload, at, ("room",)).get("room", _room_or_alias))
+        case "LeaveRoom" | "AcceptInvite" | "DeclineInvite":
+            kinds = {"LeaveRoom": LeaveRoom, "AcceptInvite": AcceptInvite}
+            kind = kinds.get(name, DeclineInvite)
+            return kind(Fields(payload, at, ("room_id",)).get("room_id", room_id))
+        case "CreateRoom":
+            f = Fields(payload, at, (), ("name", "topic", "invitees", "encrypted", "direct"))
+            return CreateRoom(
+                name=f.opt("name", str_),
+                topic=f.opt("topic", str_),
+                invitees=f.opt("invitees", _user_ids) or (),
+                encrypted=bool(f.opt("encrypted", bool_)),
+                direct=bool(f.opt("direct", bool_)),
+            )
         case "RetrySend" | "CancelSend":
             f = Fields(payload, at, ("room_id", "id"))
             kind = RetrySend if name == "RetrySend" else CancelSend
