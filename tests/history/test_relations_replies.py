@@ -186,9 +186,11 @@ async def test_send_reaction_toggles_this_accounts_reaction(tmp_path):
         await h.engine.sync_once()
         await open_settled(h, world.room)
         assert await h.engine.execute(SendReaction(world.room, target, "🎉")) == Ok()
+        await h.engine.send_queue.wait_sent(1)
         await h.engine.sync_once()
         row = rows(h, world.room)[target]
         assert [(r.key, r.senders) for r in row.reactions] == [("🎉", (world.alice.user_id,))]
         assert await h.engine.execute(SendReaction(world.room, target, "🎉")) == Ok()
+        await h.engine.send_queue.wait_sent(2)
         await h.engine.sync_once()
         assert rows(h, world.room)[target].reactions == ()

@@ -287,3 +287,54 @@ async def test_sending_into_a_room_left_fails_with_a_clear_reason(tmp_path, fake
         assert row.body == "anyone?" and row.send_state is not None
         assert row.send_state.kind is SendStateKind.Failed
         assert "does not let you send" in (row.send_state.message or "")
+
+
+async def test_reactions_edits_and_redactions_wait_in_the_queue_in_order(tmp_path, fake, alice):
+    from gapline.history import EditMessage, RedactEvent, SendReaction
+
+    room = fake.create_room(alice.user_id, name="r")
+    mine, other = fake.send_messages(alice.user_id, room, ["tpyo", "delete me"])
+    async with client_for(fake, alice) as client, open_engine(tmp_path, client, config=FAST) as h:
+        await opened(h, room)
+        before = items(h, room)
+        fake.disconnect("send", times=None)
+        fake.disconnect("redact", times=None)
+        assert await h.engine.execute(SendReaction(room, mine, "👍")) == Ok()
+        assert await h.engine.execute(EditMessage(room, mine, "typo")) == Ok()
+        assert await h.engine.execute(RedactEvent(room, other, reason="oops")) == Ok()
+        assert items(h, room) == before  # none of them is a row while it waits
+        assert h.mirror.send_queue == SendQueueChanged(pending=3, failed=0)
+        await fake.wait_requests("send", 1)
+        fake.clear_faults()
+        await h.engine.send_queue.wait_sent(3)
+        await h.engine.sync_once()
+        by_id = {r.event_id: r for r in events(items(h, room))}
+        assert by_id[mine].body == "typo" and by_id[mine].edited
+        assert [(r.key, r.senders) for r in by_id[mine].reactions] == [("👍", (alice.user_id,))]
+        assert by_id[other].redacted
+        assert echoes(items(h, room)) == []
+        assert h.mirror.send_queue == SendQueueChanged(pending=0, failed=0)
+
+
+async def test_a_refused_reaction_becomes_a_row_to_retry_or_discard(tmp_path, fake, alice):
+    from gapline.history import RedactEvent, SendReaction
+
+    room = fake.create_room(alice.user_id, name="r")
+    [target] = fake.send_messages(alice.user_id, room, ["react to me"])
+    fake.fail("send", status=403, errcode="M_FORBIDDEN", times=1)
+    fake.fail("redact", status=403, errcode="M_FORBIDDEN", times=1)
+    async with client_for(fake, alice) as client, open_engine(tmp_path, client, config=FAST) as h:
+        await opened(h, room)
+        assert await h.engine.execute(SendReaction(room, target, "🎉")) == Ok()
+        assert await h.engine.execute(RedactEvent(room, target)) == Ok()
+        await h.engine.send_queue.wait_failed(2)
+        reaction, redaction = echoes(items(h, room))
+        assert reaction.body == "reaction 🎉" and redaction.body == "deletion of a message"
+        assert reaction.send_state is not None and reaction.send_state.kind is SendStateKind.Failed
+        assert await h.engine.execute(CancelSend(room, redaction.id)) == Ok()
+        assert await h.engine.execute(RetrySend(room, reaction.id)) == Ok()
+        assert echoes(items(h, room)) == []  # waiting again: not a row
+        await h.engine.send_queue.wait_sent(1)
+        await h.engine.sync_once()
+        [row] = [r for r in events(items(h, room)) if r.event_id == target]
+        assert [r.key for r in row.reactions] == ["🎉"] and not row.redacted

@@ -38,7 +38,7 @@ from typing import Any
 
 from gapline.history._cache_store import CacheStore, thread_key
 from gapline.history._commits import Commits
-from gapline.history._echoes import ECHO_PREFIX, echo_placed
+from gapline.history._echoes import ECHO_PREFIX, echo_update
 from gapline.history._failures import describe
 from gapline.history._send_store import QueuedSend
 from gapline.history._types import (
@@ -142,8 +142,11 @@ class SendQueue:
         content: dict[str, Any],
         *,
         thread_root: str | None = None,
+        redacts: str | None = None,
     ) -> Answer:
-        """Commit the message to the queue and publish its ``Pending`` row."""
+        """Commit the message to the queue and publish its ``Pending`` row (a reaction,
+        an edit or a redaction, ``redacts`` naming the event it deletes, is queued the
+        same way but shows no row while it waits)."""
         txn_id = "gl" + uuid.uuid4().hex
         now = int(time.time() * 1000)
 
@@ -156,8 +159,9 @@ class SendQueue:
                 content=content,
                 created_ts=now,
                 thread_root=thread_root,
+                redacts=redacts,
             )
-            return queued, {_key(queued): [echo_placed(queued, self._store.me)]}
+            return queued, {_key(queued): [echo_update(queued, self._store.me)]}
 
         await self._commits.run(op)
         await self._flush(room_id)
@@ -178,7 +182,7 @@ class SendQueue:
             again = self._store.sends.retry(tx, txn_id)
             if again is None:
                 return Invalid("only a failed message can be retried"), {}
-            return again, {_key(again): [echo_placed(again, self._store.me)]}
+            return again, {_key(again): [echo_update(again, self._store.me)]}
 
         outcome = await self._commits.run(op)
         if not isinstance(outcome, QueuedSend):
@@ -281,6 +285,14 @@ class SendQueue:
     async def _send(self, queued: QueuedSend) -> str:
         if self._client is None:
             raise MatrixUnavailable("no homeserver client")
+        if queued.redacts is not None:
+            reason = queued.content.get("reason")
+            return await self._client.redact(
+                queued.room_id,
+                queued.redacts,
+                reason=reason if isinstance(reason, str) else None,
+                txn_id=queued.txn_id,
+            )
         event_type, content = await self.outgoing(queued)
         return await self._client.send_event(
             queued.room_id, event_type, content, txn_id=queued.txn_id
@@ -304,7 +316,7 @@ class SendQueue:
             sent = self._store.sends.mark_sent(tx, queued.txn_id, event_id)
             if sent is None:  # the room has the event already
                 return None, {_key(queued): [EchoSettled(queued.txn_id, event_id)]}
-            return None, {_key(sent): [echo_placed(sent, self._store.me)]}
+            return None, {_key(sent): [echo_update(sent, self._store.me)]}
 
         try:
             await self._commits.run(op)
@@ -327,7 +339,7 @@ class SendQueue:
             failed = self._store.sends.mark_failed(tx, queued.txn_id, why)
             if failed is None:
                 return None, {}
-            return None, {_key(failed): [echo_placed(failed, self._store.me)]}
+            return None, {_key(failed): [echo_update(failed, self._store.me)]}
 
         await self._commits.run(op)
         await self._flush(queued.room_id)

@@ -55,6 +55,7 @@ class _Payload(msgspec.Struct, frozen=True, kw_only=True):
     content: dict[str, Any]
     created_ts: int
     thread_root: str | None = None
+    redacts: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,11 +72,20 @@ class QueuedSend:
     thread_root: str | None = None
     event_id: str | None = None
     failure: str | None = None
+    redacts: str | None = None
+    """For a redaction (``event_type`` ``m.room.redaction``): the event it deletes."""
 
     @property
     def body(self) -> str | None:
         body = self.content.get("body")
         return body if isinstance(body, str) else None
+
+    @property
+    def is_message(self) -> bool:
+        """A new message (a row of its timeline), not a reaction, edit or redaction."""
+        relates = self.content.get("m.relates_to")
+        replaces = isinstance(relates, dict) and relates.get("rel_type") == "m.replace"
+        return self.event_type == "m.room.message" and not replaces
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +133,7 @@ class SendTable:
                 created_ts=payload.created_ts,
                 state=SendRow(state),
                 thread_root=payload.thread_root,
+                redacts=payload.redacts,
                 event_id=None
                 if event_id is None
                 else cipher.decrypt(bytes(event_id), self._aad(txn_id, "event")).decode(),
@@ -157,6 +168,7 @@ class SendTable:
         content: dict[str, Any],
         created_ts: int,
         thread_root: str | None = None,
+        redacts: str | None = None,
     ) -> QueuedSend:
         # Positions only grow while the process runs (the worker's cursor relies on
         # it), also after the table emptied; an empty table after a restart may start
@@ -170,6 +182,7 @@ class SendTable:
             content=content,
             created_ts=created_ts,
             thread_root=thread_root,
+            redacts=redacts,
         )
         sealed = self._store.cipher.encrypt(self._encode(payload), self._aad(txn_id, "value"))
         tx.execute(
@@ -185,6 +198,7 @@ class SendTable:
             created_ts=created_ts,
             state=SendRow.PENDING,
             thread_root=thread_root,
+            redacts=redacts,
         )
 
     def get(self, tx: Tx, txn_id: str) -> QueuedSend | None:
@@ -308,9 +322,15 @@ class SendTable:
                 return out, after
 
     def of_room(self, tx: Tx, room_id: str, thread_root: str | None = None) -> list[QueuedSend]:
-        """The room's (or thread's) queued messages, oldest first: its local echo rows."""
+        """The room's (or thread's) local echo rows, oldest first: its queued messages, and
+        the reactions, edits and redactions the homeserver refused (the others are not
+        rows until then)."""
         rows = self._rows(tx, "WHERE room = ?", (self._store.room_key(room_id),))
-        return [q for q in rows if q.thread_root == thread_root]
+        return [
+            q
+            for q in rows
+            if q.thread_root == thread_root and (q.is_message or q.state is SendRow.FAILED)
+        ]
 
     def counts(self, tx: Tx) -> tuple[int, int]:
         """How many rows wait to be sent (pending or acknowledged, not yet synced) and how

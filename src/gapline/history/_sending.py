@@ -1,10 +1,11 @@
 """Commands that write to a room: messages (replies, thread replies), reactions, redactions,
 edits, read markers, typing.
 
-A message goes through the durable send queue (``_send_queue``): it answers
-``Ok`` once it is committed there and its local echo row (``Pending``) is
-published, and never waits on the homeserver. The others answer ``Ok`` once the
-homeserver accepted the request; what they cause
+Messages, reactions, edits and redactions go through the durable send queue
+(``_send_queue``): each answers ``Ok`` once it is committed there (a message's
+local echo row, ``Pending``, published), and never waits on the homeserver;
+what a reaction, edit or redaction does arrives with the sync. Read markers and
+typing answer ``Ok`` once the homeserver accepted the request; what they cause
 (the message, the edit applied to its row, the reaction chip) arrives with
 the sync like anyone else's event, through the same relation rules. Only
 ``MarkRead`` also moves the marker and this account's receipt at once (the
@@ -94,27 +95,38 @@ class Sending:
 
     async def reaction(self, command: SendReaction) -> Answer:
         """Add the reaction, or take this account's reaction with that key back."""
-        me = self._client.user_id if self._client is not None else None
+        if self._client is None:
+            return Failed(OFFLINE)
+        me = self._client.user_id
         aggregate = await self._store.aggregate(command.room_id, command.event_id)
         mine = [
             a.event_id
             for a in (aggregate.annotations if aggregate is not None else ())
             if a.key == command.key and a.sender == me
         ]
+        for event_id in mine:
+            answer = await self._queue.enqueue(
+                command.room_id, "m.room.redaction", {}, redacts=event_id
+            )
+            if not isinstance(answer, Ok):
+                return answer
         if mine:
-            return await self._call(lambda c: self._redact_all(c, command.room_id, mine))
-        return await self._call(
-            lambda c: c.send_reaction(command.room_id, command.event_id, command.key)
-        )
-
-    @staticmethod
-    async def _redact_all(client: MatrixClient, room_id: str, event_ids: list[str]) -> None:
-        for event_id in event_ids:
-            await client.redact(room_id, event_id)
+            return Ok()
+        content = {
+            "m.relates_to": {
+                "rel_type": "m.annotation",
+                "event_id": command.event_id,
+                "key": command.key,
+            }
+        }
+        return await self._queue.enqueue(command.room_id, "m.reaction", content)
 
     async def redact(self, command: RedactEvent) -> Answer:
-        return await self._call(
-            lambda c: c.redact(command.room_id, command.event_id, reason=command.reason)
+        if self._client is None:
+            return Failed(OFFLINE)
+        content = {} if command.reason is None else {"reason": command.reason}
+        return await self._queue.enqueue(
+            command.room_id, "m.room.redaction", content, redacts=command.event_id
         )
 
     async def edit(self, command: EditMessage) -> Answer:
@@ -142,7 +154,7 @@ class Sending:
             "m.new_content": new,
             "m.relates_to": {"rel_type": "m.replace", "event_id": command.event_id},
         }
-        return await self._call(lambda c: c.send_event(command.room_id, original.type, content))
+        return await self._queue.enqueue(command.room_id, original.type, content)
 
     async def mark_read(self, command: MarkRead) -> Answer:
         room_id, event_id = command.room_id, command.event_id
