@@ -15,6 +15,9 @@ Prints one JSON object on stdout (progress on stderr):
   sequential ``PUT /send`` calls, in alternating rounds of one run. Target slowdown
   (raw rate over queue rate) <= 1.2. ``null`` with ``--quick``/``--no-synapse`` or
   when Synapse cannot start.
+- ``room_list_ms_p50`` / ``room_list_ms_p99``: the room list (``RoomDirectory``) taking
+  one sync answer that touches 100 joined rooms (ten new messages each, names, unread
+  counts) and listing the rooms again by recent activity. Target p99 < 20 ms.
 - ``loadavg``: ``/proc/loadavg`` at the end.
 """
 
@@ -30,6 +33,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from gapline.history import Engine, Event, OpenRoom, SendMessage, TimelineChanged
 from gapline.matrix import RetryPolicy
@@ -204,11 +209,63 @@ async def send_rates(tmp: Path, count: int, rounds: int) -> dict[str, Any]:
     }
 
 
+def room_list_update(runs: int) -> dict[str, Any]:
+    from gapline.history.rooms import RoomDirectory
+    from gapline.matrix import SyncResponse
+
+    def answer(n: int) -> SyncResponse:
+        rooms = {}
+        for r in range(100):
+            events = [
+                {
+                    "event_id": f"$m{n}.{r}.{i}",
+                    "type": "m.room.message",
+                    "sender": f"@u{i}:bench",
+                    "origin_server_ts": n * 1000 + r * 10 + i,
+                    "content": {"msgtype": "m.text", "body": f"message {n}.{i} in room {r}"},
+                }
+                for i in range(10)
+            ]
+            name = {
+                "event_id": f"$n{n}.{r}",
+                "type": "m.room.name",
+                "sender": "@u0:bench",
+                "origin_server_ts": n * 1000,
+                "state_key": "",
+                "content": {"name": f"room {r}"},
+            }
+            rooms[f"!room{r}:bench"] = {
+                "timeline": {"events": events},
+                "state": {"events": [name]},
+                "unread_notifications": {"notification_count": n, "highlight_count": n % 3},
+            }
+        body = {"next_batch": f"s{n}", "rooms": {"join": rooms}}
+        return msgspec.json.decode(msgspec.json.encode(body), type=SyncResponse)
+
+    answers = [answer(n) for n in range(runs + 5)]  # decoded beforehand: not the list's cost
+    directory = RoomDirectory()
+    took: list[float] = []
+    for n, response in enumerate(answers):
+        started = time.perf_counter()
+        directory.observe(response)
+        listed = directory.room_list()
+        elapsed = time.perf_counter() - started
+        assert len(listed) == 100 and listed[0].last_ts == n * 1000 + 99 * 10 + 9
+        if n >= 5:
+            took.append(elapsed * 1000)
+    return {
+        "room_list_ms_p50": round(statistics.median(took), 3),
+        "room_list_ms_p99": round(_pct(took, 0.99), 3),
+    }
+
+
 async def main(quick: bool, with_synapse: bool) -> dict[str, Any]:
     figures: dict[str, Any] = {"quick": quick}
     with tempfile.TemporaryDirectory(prefix="gapline-sendq-") as tmp:
         log("local echo latency")
         figures.update(await echo_latency(Path(tmp), 50 if quick else 1000))
+        log("room list update")
+        figures.update(room_list_update(20 if quick else 200))
         figures.update(
             {
                 "raw_sends_per_s": None,

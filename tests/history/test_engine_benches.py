@@ -65,6 +65,8 @@ def test_send_queue_bench_quick():
         "queue_sends_per_s",
         "raw_sends_per_s",
         "queue_slowdown",
+        "room_list_ms_p50",
+        "room_list_ms_p99",
     ):
         assert key in figures, key
     assert figures["quick"] is True and figures["echo_samples"] == 50
