@@ -27,13 +27,19 @@ def event(kind: str, content: dict, *, ts: int, sender: str = "@a:x", state_key=
     return out
 
 
-def sync(join=None, invite=None, leave=None, direct=None) -> SyncResponse:
+def sync(join=None, invite=None, leave=None, direct=None, ignored=None) -> SyncResponse:
     body: dict[str, Any] = {
         "next_batch": "s",
         "rooms": {"join": join or {}, "invite": invite or {}, "leave": leave or {}},
     }
+    account: list[dict] = []
     if direct is not None:
-        body["account_data"] = {"events": [{"type": "m.direct", "content": direct}]}
+        account.append({"type": "m.direct", "content": direct})
+    if ignored is not None:
+        content = {"ignored_users": {user: {} for user in ignored}}
+        account.append({"type": "m.ignored_user_list", "content": content})
+    if account:
+        body["account_data"] = {"events": account}
     return msgspec.json.decode(msgspec.json.encode(body), type=SyncResponse)
 
 
@@ -145,3 +151,25 @@ def test_initials_stand_in_for_avatars() -> None:
     assert RoomSummary("!r:x", alias="#general:example.org").initials == "GE"
     assert RoomSummary("!abc:x").initials == "AX"
     assert RoomSummary("!r:x", name="🎉 party").initials == "P"
+
+
+def invite_from(sender: str) -> dict:
+    member = {
+        "type": "m.room.member",
+        "state_key": ME,
+        "sender": sender,
+        "content": {"membership": "invite"},
+    }
+    return {"invite_state": {"events": [member]}}
+
+
+def test_invites_from_ignored_users_are_not_offered() -> None:
+    directory = RoomDirectory()
+    directory.observe(sync(invite={"!spam:x": invite_from("@spammer:x")}, ignored=[]))
+    assert [r.room_id for r in directory.room_list()] == ["!spam:x"]
+    directory.observe(sync(ignored=["@spammer:x"]))  # ignored later: the invite goes
+    assert directory.room_list() == ()
+    directory.observe(sync(invite={"!again:x": invite_from("@spammer:x")}))
+    assert directory.room_list() == ()
+    directory.observe(sync(invite={"!ok:x": invite_from("@friend:x")}))
+    assert [r.room_id for r in directory.room_list()] == ["!ok:x"]

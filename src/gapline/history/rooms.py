@@ -122,6 +122,7 @@ class RoomDirectory:
         self._invites: dict[str, RoomSummary] = {}
         self._left: dict[str, RoomSummary] = {}
         self._direct: set[str] = set()
+        self._ignored: set[str] = set()  # m.ignored_user_list: their invites are not listed
         self._listeners: list[Callable[[], None]] = []
 
     def summaries(self) -> tuple[RoomSummary, ...]:
@@ -181,8 +182,11 @@ class RoomDirectory:
             if after != self._rooms.get(room_id):
                 self._rooms[room_id] = after
                 changed = True
+        changed = self._observe_ignored(response) or changed
         for room_id, invited in response.rooms.invite.items():
             after = _invited(room_id, invited.invite_state.events, self._invites.get(room_id))
+            if after.inviter in self._ignored:
+                continue  # an invite from someone this account ignores is not offered
             if after != self._invites.get(room_id):
                 self._invites[room_id] = after
                 changed = True
@@ -200,6 +204,18 @@ class RoomDirectory:
                 changed = True
         if changed:
             self._changed()
+
+    def _observe_ignored(self, response: SyncResponse) -> bool:
+        """``m.ignored_user_list``: invites from those users leave the list."""
+        events = response.account_data.of_type("m.ignored_user_list")
+        if not events:
+            return False
+        users = events[-1].content.get("ignored_users")
+        self._ignored = set(users) if isinstance(users, dict) else set()
+        dropped = [r for r, s in self._invites.items() if s.inviter in self._ignored]
+        for room_id in dropped:
+            del self._invites[room_id]
+        return bool(dropped)
 
     def _observe_direct(self, response: SyncResponse) -> bool:
         """``m.direct`` (user -> rooms) as this sync carried it: which rooms are direct."""
