@@ -102,6 +102,7 @@ EXAMPLES = {block.name: block for block in ALL_BLOCKS if block.name}
 RUN_BY = {
     "readme-first-look": "test_an_example_that_runs_to_its_end",
     "bridge-session": "test_an_example_that_runs_to_its_end",
+    "send-queue": "test_an_example_that_runs_to_its_end",
     "relay-serve": "test_the_relay_example_serves_until_sigterm",
     "bot-run": "test_the_bot_examples_answer_and_the_journal_pages",
     "journal-read": "test_the_bot_examples_answer_and_the_journal_pages",
@@ -161,7 +162,7 @@ def save_files_before(block: Block, cwd: Path) -> None:
 @pytest.mark.synapse
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", ["readme-first-look", "bridge-session"])
+@pytest.mark.parametrize("name", ["readme-first-look", "bridge-session", "send-queue"])
 def test_an_example_that_runs_to_its_end(name: str, tmp_path: Path) -> None:
     block = EXAMPLES[name]
     cwd = REPO if block.doc.name == "README.md" else tmp_path
@@ -177,6 +178,10 @@ def test_an_example_that_runs_to_its_end(name: str, tmp_path: Path) -> None:
         assert done.stdout.startswith("gapline ")
         assert "gap filled:" in done.stdout and "continuity Verified" in done.stdout
         assert "examples:" in done.stdout  # the relay's help
+    elif name == "send-queue":
+        ok, offline, online = done.stdout.splitlines()
+        assert ok == "Ok()" and offline.endswith("Pending: 'Pending'>, message=None)")
+        assert online.split()[1] == offline.split()[1] and online.endswith(" None")
     else:
         assert '"phase":"Ready","continuity":"Verified"' in done.stdout
     # Whatever the example started is gone: the demo's and the script's homeservers.

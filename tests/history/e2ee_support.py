@@ -185,7 +185,7 @@ async def scene(
     async with (
         alice_client(server, hs) as client,
         Engine.open(
-            store, client, passphrase="pw", sink=sink, sync=False, e2ee=True,
+            store, client, passphrase="pw", sink=sink, sync=False, send=True, e2ee=True,
             kdf_cost=KdfParams.cheap(),
         ) as engine,
     ):  # fmt: skip

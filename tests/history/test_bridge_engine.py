@@ -21,6 +21,7 @@ from gapline.history import (
     Bridge,
     Engine,
     EngineConfig,
+    EventItem,
     HistoryGapItem,
     LineWriter,
     Mirror,
@@ -216,3 +217,33 @@ async def test_busy_and_unknown_answers_through_the_bridge(tmp_path: Path) -> No
     }
     assert answers[7] == "Ok"  # the whole room is loaded: nothing older to add
     assert len(answers) == 7
+
+
+async def test_a_queued_message_through_the_bridge(tmp_path: Path) -> None:
+    """SendMessage's answer comes after its Pending row and the queue's count (the worker
+    is not started here, so the message waits); a CancelSend naming no echo row is
+    Invalid."""
+    fake = FakeHomeserver()
+    alice = fake.register("alice")
+    room = fake.create_room(alice.user_id, name="r")
+    lines, _, _ = await run_bridge(
+        tmp_path / "store", fake, alice, EngineConfig(), [
+            {"id": 1, "command": {"OpenRoom": {"room_id": room}}},
+            {"id": 2, "command": {"SendMessage": {"room_id": room, "body": "hello"}}},
+            {"id": 3, "command": "DumpState"},
+            {"id": 4, "command": {"CancelSend": {"room_id": room, "id": "?"}}},
+        ],
+    )  # fmt: skip
+    answers = {line["id"]: line["answer"] for line in lines if "answer" in line}
+    assert answers[2] == "Ok"
+    sent_at = answer_at(lines, 2)
+    before = lines[answer_at(lines, 1) + 1 : sent_at]
+    [count] = [line["event"] for line in before if "SendQueueChanged" in line["event"]]
+    assert count == {"SendQueueChanged": {"pending": 1, "failed": 0}}
+    state = state_from_wire(next(line["state"] for line in lines if "state" in line))
+    [row] = [
+        i for i in state.timelines[room] if isinstance(i, EventItem) and i.send_state is not None
+    ]
+    assert row.body == "hello" and row.id.startswith("echo:")
+    assert replay(lines[:sent_at]).state.timelines[room][-1] == row
+    assert answers[4] == {"Invalid": "not a queued message's row id: '?'"}

@@ -52,3 +52,21 @@ def test_gap_fill_bench_quick():
         "synapse_ratio",
     ):
         assert key in figures, key
+
+
+def test_send_queue_bench_quick():
+    figures = run_bench("bench/send_queue.py")
+    for key in (
+        "echo_ms_p50",
+        "echo_ms_p99",
+        "commit_ms_p50",
+        "commit_ms_p99",
+        "echo_over_commit_p99_ms",
+        "queue_sends_per_s",
+        "raw_sends_per_s",
+        "queue_slowdown",
+        "room_list_ms_p50",
+        "room_list_ms_p99",
+    ):
+        assert key in figures, key
+    assert figures["quick"] is True and figures["echo_samples"] == 50

@@ -50,16 +50,6 @@ from tests.history.test_engine_support import (
 )
 
 
-@pytest.fixture
-def fake() -> FakeHomeserver:
-    return FakeHomeserver()
-
-
-@pytest.fixture
-def alice(fake: FakeHomeserver):
-    return fake.register("alice")
-
-
 def client_for(fake: FakeHomeserver, session, **kwargs):
     return fake.client(session, retry=NO_RETRY, sleep=no_sleep, **kwargs)
 
@@ -491,6 +481,7 @@ async def test_answers_for_rooms_not_open_unknown_and_invalid(tmp_path, fake, al
         await open_settled(h, room)
         assert await h.engine.execute(HistoryRepair(FillGap(room, "gap-x"))) == EventNotFound()
         assert await h.engine.execute(SendMessage(room, "hello")) == Ok()
+        await h.engine.send_queue.wait_sent(1)
         await h.engine.sync_once()
         last = h.engine.timeline(room).state.items[-1]
         assert isinstance(last, EventItem) and last.body == "hello"

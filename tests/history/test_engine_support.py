@@ -131,6 +131,7 @@ async def open_engine(
     mirror, recorder, queue = Mirror(), Recorder(), EventQueue()
     publisher = Publisher([mirror, recorder, queue])
     kwargs.setdefault("sync", False)
+    kwargs.setdefault("send", client is not None)
     async with Engine.open(
         store,
         client,

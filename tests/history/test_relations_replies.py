@@ -134,6 +134,7 @@ async def test_sending_a_reply_quotes_the_event(tmp_path):
         await h.engine.sync_once()
         await open_settled(h, world.room)
         assert await h.engine.execute(SendMessage(world.room, "answer", in_reply_to=quoted)) == Ok()
+        await h.engine.send_queue.wait_sent(1)
         await h.engine.sync_once()
         [mine] = [r for r in rows(h, world.room).values() if r.body == "answer"]
         assert mine.in_reply_to is not None and mine.in_reply_to.body == "question"
@@ -185,9 +186,11 @@ async def test_send_reaction_toggles_this_accounts_reaction(tmp_path):
         await h.engine.sync_once()
         await open_settled(h, world.room)
         assert await h.engine.execute(SendReaction(world.room, target, "🎉")) == Ok()
+        await h.engine.send_queue.wait_sent(1)
         await h.engine.sync_once()
         row = rows(h, world.room)[target]
         assert [(r.key, r.senders) for r in row.reactions] == [("🎉", (world.alice.user_id,))]
         assert await h.engine.execute(SendReaction(world.room, target, "🎉")) == Ok()
+        await h.engine.send_queue.wait_sent(2)
         await h.engine.sync_once()
         assert rows(h, world.room)[target].reactions == ()

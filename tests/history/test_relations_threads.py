@@ -143,6 +143,7 @@ async def test_sending_into_a_thread_quotes_its_newest_event(tmp_path):
         await h.engine.sync_once()
         await open_settled(h, world.room)
         assert await h.engine.execute(SendMessage(world.room, "two", thread_root=root)) == Ok()
+        await h.engine.send_queue.wait_sent(1)
         sent = world.fake.events(world.room)[-1]
         assert sent.content["m.relates_to"] == {
             "rel_type": "m.thread",

@@ -129,7 +129,8 @@ ANSWER_EXAMPLES = [
 # --------------------------------------------------------------------- timeline items
 EVENT_ITEM_JSON = """{ "Event": { "id": "opaque row id", "event_id": "$e:example.org", "sender": "@a:example.org",
     "origin_server_ts": 1700000000000, "event_type": "m.room.message", "body": "text or null",
-    "edited": false, "redacted": false, "receipts": ["@b:example.org"] } }"""
+    "edited": false, "redacted": false, "receipts": ["@b:example.org"],
+    "encrypted": false, "decryption": null, "send_state": null } }"""
 GAP_ITEM_JSON = """{ "HistoryGap": { "id": "opaque", "older_boundary": "$older:example.org",
     "newer_boundary": "$newer:example.org", "lifecycle": "Idle", "failure": null } }"""
 READ_MARKER_JSON = '{ "ReadMarker": { "id": "read-marker" } }'

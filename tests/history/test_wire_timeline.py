@@ -98,6 +98,7 @@ COMMANDS = [
 FULL_ITEM_JSON = """{"Event": {"id": "$e:example.org", "event_id": "$e:example.org",
   "sender": "@b:example.org", "origin_server_ts": 1700000000000, "event_type": "m.room.message",
   "body": "sounds good", "edited": true, "redacted": false, "receipts": [],
+  "encrypted": false, "decryption": null, "send_state": null,
   "sender_name": "Bob",
   "in_reply_to": {"event_id": "$q:example.org", "status": "Ready", "sender": "@a:example.org",
     "sender_name": "Alice", "body": "lunch at noon?", "redacted": false},
@@ -177,7 +178,7 @@ def test_unset_new_fields_leave_the_old_shapes_exactly() -> None:
     )  # fmt: skip
     assert list(to_wire(plain)["Event"]) == [
         "id", "event_id", "sender", "origin_server_ts", "event_type", "body", "edited",
-        "redacted", "receipts",
+        "redacted", "receipts", "encrypted", "decryption", "send_state",
     ]  # fmt: skip
     assert to_wire(SendMessage("!r:x", "hi")) == {"SendMessage": {"room_id": "!r:x", "body": "hi"}}
     assert to_wire(TimelineReset("!r:x", ())) == {"TimelineReset": {"room_id": "!r:x", "items": []}}

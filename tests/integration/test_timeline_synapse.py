@@ -157,6 +157,7 @@ async def test_reactions_live_redacted_and_toggled(tmp_path, cast):
         ]
         await cast.redact(cast.bob, thumbs)
         assert await h.engine.execute(SendReaction(cast.room, target, "🎉")) == Ok()
+        await h.engine.send_queue.wait_sent(1)
         await h.engine.sync_once()
         row = rows(h, cast.room)[target]
         assert [(r.key, r.senders) for r in row.reactions] == [
@@ -164,6 +165,7 @@ async def test_reactions_live_redacted_and_toggled(tmp_path, cast):
             ("🎉", (cast.alice.user_id,)),
         ]
         assert await h.engine.execute(SendReaction(cast.room, target, "🎉")) == Ok()
+        await h.engine.send_queue.wait_sent(2)
         await h.engine.sync_once()
         assert [r.key for r in rows(h, cast.room)[target].reactions] == ["👍"]
 

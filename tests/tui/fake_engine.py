@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from gapline.history import (
     Answer,
     Cancel,
+    CancelSend,
     Command,
     Continuity,
     EditMessage,
@@ -48,6 +49,7 @@ from gapline.history import (
     RepairStop,
     Reset,
     RetryRecent,
+    RetrySend,
     RoomBusy,
     RoomNotOpen,
     SendMessage,
@@ -221,6 +223,8 @@ class FakeEngine:
                 await self._change(room, [Reset(tuple(self.items[room]))])
                 return Ok()
             case MarkRead() | SetTyping() | SendReaction() | RedactEvent() | EditMessage():
+                return Ok()  # recorded in `commands`; the effect is not modelled
+            case RetrySend() | CancelSend():
                 return Ok()  # recorded in `commands`; the effect is not modelled
         return Failed(f"the fake engine does not do {command!r}")
 

@@ -66,7 +66,9 @@ def test_directory_names_rooms_from_syncs_and_tells_listeners() -> None:
     rename = {"timeline": {"events": [_state("m.room.name", {"name": "Alpha"})]}}
     directory.observe(_sync({"!a:x": rename}))
     directory.observe(_sync({"!a:x": rename}))
-    assert directory.get("!a:x") == RoomSummary("!a:x", name="Alpha", alias="#al:x", unread=0)
+    assert directory.get("!a:x") == RoomSummary(
+        "!a:x", name="Alpha", alias="#al:x", unread=0, last_ts=1
+    )  # the rename's time: the room's recent activity
     assert len(calls) == 2
     directory.observe(_sync({}, leave=("!c:x",)))
     assert [s.label for s in directory.summaries()] == ["Alpha", "beta"]

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gapline.history._aggregates import Aggregate
+from gapline.history._echoes import echo_placed
 from gapline.history._items import EventItem
 from gapline.history._rows import RowReader
-from gapline.history._updates import GapRecord, Key, MemberRecord, Room, StoredEvent
+from gapline.history._updates import EchoPlaced, GapRecord, Key, MemberRecord, Room, StoredEvent
 from gapline.storage import Tx
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ class Window:
     hidden_tail: str | None = None
     """The room's newest event when it is not a row (a reaction, say): a gap opened
     behind it later still has a loaded older side."""
+    echoes: list[EchoPlaced] = field(default_factory=list)
+    """Messages queued for the timeline and not yet retained: its local echo rows."""
 
 
 class CacheReads:
@@ -125,7 +128,8 @@ class CacheReads:
             rooms = self._timeline(tx, room_id, thread_root)
             if rooms is None:
                 known = thread_root is not None and self.find_room(tx, room_id) is not None
-                return Window([], [], known=known, items=[])
+                echoes = self._echoes(tx, room_id, thread_root)
+                return Window([], [], known=known or bool(echoes), items=[], echoes=echoes)
             room = rooms[0]
             events, items = self._window(tx, rooms, None, limit)
             gaps = self.gaps_between(tx, room, events[0].ord, events[-1].ord) if events else []
@@ -138,9 +142,22 @@ class CacheReads:
             hidden_tail = None
             if newest is not None and not newest[2]:
                 hidden_tail = self._open_event(room, newest[0], newest[1]).event_id
-            return Window(events, gaps, receipts, fully_read, items=items, hidden_tail=hidden_tail)
+            return Window(
+                events,
+                gaps,
+                receipts,
+                fully_read,
+                items=items,
+                hidden_tail=hidden_tail,
+                echoes=self._echoes(tx, room_id, thread_root),
+            )
 
         return await self.backend.read(op)
+
+    def _echoes(
+        self: CacheStore, tx: Tx, room_id: str, thread_root: str | None
+    ) -> list[EchoPlaced]:
+        return [echo_placed(q, self.me) for q in self.sends.of_room(tx, room_id, thread_root)]
 
     async def load_older(
         self: CacheStore, room_id: str, before: Key, limit: int, *, thread_root: str | None = None

@@ -111,6 +111,22 @@ CREATE TABLE history_detached (
 ) WITHOUT ROWID;
 """
 
+_SQLITE_V3 = """
+-- The durable send queue: a message is written here before any request is made, and
+-- deleted in the transaction that retains the server's event (or when cancelled).
+CREATE TABLE history_send (
+    seq INTEGER PRIMARY KEY,        -- queue order, max + 1 at enqueue (per room: send order)
+    txn_id TEXT NOT NULL UNIQUE,    -- transaction id every attempt uses (random; not secret)
+    room BLOB NOT NULL,             -- keyed hash of the room id
+    state TEXT NOT NULL,            -- pending | sent | failed
+    event BLOB,                     -- keyed hash of the server's event id once it answered
+    event_id BLOB,                  -- the server's event id, sealed; set with event
+    failure BLOB,                   -- why the server refused it, sealed; set with failed
+    value BLOB NOT NULL             -- {room_id, thread_root, event_type, content, created_ts}, sealed
+);
+CREATE INDEX history_send_by_room ON history_send (room, seq);
+"""
+
 
 def _postgres(text: str) -> str:
     return text.replace(") WITHOUT ROWID;", ");").replace("BLOB", "BYTEA")
@@ -128,5 +144,11 @@ HISTORY_MIGRATIONS = [
         "relations: shown rows, aggregates, relation index, members, detached events",
         sqlite=_SQLITE_V2,
         postgres=_postgres(_SQLITE_V2),
+    ),
+    Migration(
+        3,
+        "the durable send queue",
+        sqlite=_SQLITE_V3,
+        postgres=_postgres(_SQLITE_V3),
     ),
 ]

@@ -48,6 +48,7 @@ from gapline.history._cache_reads import CacheReads, Window, split_timeline_key,
 from gapline.history._cache_schema import HISTORY_MIGRATIONS
 from gapline.history._items import GapLifecycle
 from gapline.history._relation_store import RelationTables
+from gapline.history._send_store import SendTable
 from gapline.history._updates import (
     AggregateChanged,
     DetachedStored,
@@ -118,6 +119,7 @@ class CacheStore(CacheReads):
         self.me: str | None = None
         """The account's user id, when known (a thread's "participated" needs it)."""
         self.relations = RelationTables(self)
+        self.sends = SendTable(self)
 
     @classmethod
     async def open(cls, backend: Backend, cipher: Cipher) -> CacheStore:

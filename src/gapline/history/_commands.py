@@ -12,20 +12,27 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 __all__ = [
+    "AcceptInvite",
     "Cancel",
+    "CancelSend",
     "CloseRoom",
     "Command",
+    "CreateRoom",
+    "DeclineInvite",
     "DumpState",
     "EditMessage",
     "FillGap",
     "HistoryRepair",
     "HistoryRepairCommand",
+    "JoinRoom",
+    "LeaveRoom",
     "MarkRead",
     "OpenRoom",
     "OpenThread",
     "PaginateBackwards",
     "RedactEvent",
     "RetryRecent",
+    "RetrySend",
     "SendMessage",
     "SendReaction",
     "SetTyping",
@@ -182,6 +189,65 @@ class SetTyping:
 
 
 @dataclass(frozen=True, slots=True)
+class RetrySend:
+    """Queue a message that failed again (its row goes back to ``Pending``); ``id`` is the
+    local echo row's id."""
+
+    room_id: str
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelSend:
+    """Drop a queued message that is pending or failed (its row goes); ``id`` is the local
+    echo row's id. One the homeserver already has cannot be cancelled (``Failed``)."""
+
+    room_id: str
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class JoinRoom:
+    """Join a room by id (``!``) or alias (``#name:server``); ``Ok`` once the homeserver
+    has the join, and the room can be opened then."""
+
+    room: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveRoom:
+    """Leave a room (closing it first if it is open)."""
+
+    room_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptInvite:
+    """Join a room this account was invited to."""
+
+    room_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeclineInvite:
+    """Refuse an invite (leave the room one was invited to)."""
+
+    room_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRoom:
+    """Create a private room and invite ``invitees``; ``encrypted`` turns on end-to-end
+    encryption from the start, ``direct`` makes it a direct chat (``m.direct``)."""
+
+    name: str | None = None
+    topic: str | None = None
+    invitees: tuple[str, ...] = ()
+    encrypted: bool = False
+    direct: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Shutdown:
     """Close every open room (each publishes ``Idle``) and stop the engine."""
 
@@ -206,4 +272,11 @@ Command: TypeAlias = (
     | OpenThread
     | ShrinkTimeline
     | SetTyping
+    | RetrySend
+    | CancelSend
+    | JoinRoom
+    | LeaveRoom
+    | AcceptInvite
+    | DeclineInvite
+    | CreateRoom
 )

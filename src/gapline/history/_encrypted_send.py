@@ -8,11 +8,13 @@ sessions created, the key's to-device messages sent and acknowledged first;
 rotation as the room's ``m.room.encryption`` says, or after a member left).
 
 It fails closed: :class:`CannotEncrypt` (with a line a user can read) when the
-machine refuses, when the key could not be sent, or when no device of the
+machine refuses, or when no device of the
 room's other members can read the message; never is plaintext sent into a
 room the machine knows as encrypted. A room whose encryption the machine has
 not seen (a store older than its crypto state) is asked of the server once
-(``m.room.encryption`` state) before anything is sent in the clear.
+(``m.room.encryption`` state) before anything is sent in the clear. A homeserver
+error on the way (the key's to-device requests, that state read) propagates as
+the ``MatrixError`` it is, so the send queue retries what is transient.
 
 The Megolm index the encryption advanced is committed before :func:`seal`
 returns (``also`` writes the caller's own row, e.g. an outbox entry holding the
@@ -30,7 +32,7 @@ from gapline.e2ee import EncryptionRefused, ShareReport
 from gapline.history._cache_store import CacheStore
 from gapline.history._crypto import EngineCrypto
 from gapline.history._decryption import ENCRYPTED
-from gapline.matrix import MatrixClient, MatrixError, NotFound
+from gapline.matrix import MatrixClient, NotFound
 from gapline.storage import Tx
 
 __all__ = ["CannotEncrypt", "Sealed", "seal"]
@@ -59,10 +61,9 @@ async def _encrypted(crypto: EngineCrypto, client: MatrixClient, room_id: str) -
     except NotFound:
         crypto.checked_plain.add(room_id)
         return False
-    except MatrixError as exc:
-        raise CannotEncrypt(
-            f"cannot tell whether {room_id} is encrypted, so nothing was sent: {exc}"
-        ) from exc
+    # A MatrixError (the homeserver unreachable, say) propagates: the send queue
+    # retries a transient one and fails the row on a refusal; either way nothing
+    # went out in the clear.
     assert crypto.driver is not None
     crypto.driver.machine.set_room_encryption(room_id, content)
     return True
@@ -111,8 +112,6 @@ async def _share_and_encrypt(
         )
     except EncryptionRefused as exc:
         raise CannotEncrypt(f"not sent: {exc}") from exc
-    except MatrixError as exc:
-        raise CannotEncrypt(f"not sent: the room key could not be shared: {exc}") from exc
     others = [u for u in (*joined, *invited) if u != me]
     readers = [
         pair

@@ -17,10 +17,12 @@ open rooms and dispatches commands. The work lives beside it:
 - ``_commits``: the one path every history write takes;
 - ``_sending``: the commands that write to a room (messages, reactions,
   redactions, edits, read markers, typing);
+- ``_send_queue``: the durable send queue messages go through, and its worker;
+- ``_joining``: joining, leaving, invites and creating rooms;
 - ``_threads``: thread views; ``_quotes``: fetching replied-to events.
 
-Task ownership: the engine owns one ``TaskGroup``. In it run the sync loop
-and, per open room, at most one *operation*. ``Cancel``, ``CloseRoom`` and
+Task ownership: the engine owns one ``TaskGroup``. In it run the sync loop,
+the send queue's worker and, per open room, at most one *operation*. ``Cancel``, ``CloseRoom`` and
 ``Shutdown`` cancel an operation; the operation itself turns the cancellation
 into its published outcome (``Cancelled``) and its answer (``Interrupted``),
 so every outcome is published by the task that owns it.
@@ -45,17 +47,23 @@ from gapline.e2ee import Device
 from gapline.history._cache_store import CacheStore, Cipher
 from gapline.history._commits import Commits
 from gapline.history._crypto import EngineCrypto
+from gapline.history._joining import Joining
 from gapline.history._operations import Operations, Room
 from gapline.history._quotes import Quotes
+from gapline.history._send_queue import SendQueue
 from gapline.history._sending import Sending
 from gapline.history._sync import Sync
 from gapline.history._threads import Threads
 from gapline.history._timeline import Timeline
 from gapline.history._types import (
+    AcceptInvite,
     Answer,
     Cancel,
+    CancelSend,
     CloseRoom,
     Command,
+    CreateRoom,
+    DeclineInvite,
     DumpState,
     EditMessage,
     EngineConfig,
@@ -66,6 +74,8 @@ from gapline.history._types import (
     HistoryRepair,
     Interrupted,
     Invalid,
+    JoinRoom,
+    LeaveRoom,
     MarkRead,
     Member,
     MembersChanged,
@@ -77,6 +87,7 @@ from gapline.history._types import (
     RecentHistoryState,
     RedactEvent,
     RetryRecent,
+    RetrySend,
     RoomNotOpen,
     SendMessage,
     SendReaction,
@@ -138,6 +149,15 @@ class Engine:
             operations=self._operations,
             crypto=self.crypto,
         )
+        self._send_queue = SendQueue(
+            store,
+            client,
+            self._commits,
+            self.flush_history,
+            publish,
+            backoff=config.send_backoff_s,
+            crypto=self.crypto,
+        )
         self._sync = Sync(
             store,
             client,
@@ -147,9 +167,10 @@ class Engine:
             timeout_ms=sync_timeout_ms,
             typing=self._typing,
             crypto=self.crypto,
+            after_ingest=self._send_queue.synced,
         )
         self._quotes = Quotes(client, self._commits, tg, self.flush_history, crypto=self.crypto)
-        self._sending = Sending(store, client, self._commits, self.flush_history, self.crypto)
+        self._sending = Sending(store, client, self._commits, self.flush_history, self._send_queue)
         self._threads = Threads(
             store=store,
             client=client,
@@ -160,8 +181,12 @@ class Engine:
             on_quotes=self._quotes_wanted,
             crypto=self.crypto,
         )
+        self._joining = Joining(
+            client, joined=self._note_joined, left=self._note_left, close=self._close_room
+        )
         store.me = None if client is None else client.user_id
         self._sync_task: asyncio.Task[None] | None = None
+        self._send_task: asyncio.Task[None] | None = None
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -177,6 +202,7 @@ class Engine:
         passphrase: str,
         sink: Any = None,
         sync: bool = True,
+        send: bool | None = None,
         sync_timeline_limit: int | None = None,
         sync_timeout_ms: int = 30_000,
         kdf_cost: Any = None,
@@ -189,7 +215,8 @@ class Engine:
         or an open :class:`~gapline.storage.Backend` (left open on exit).
         ``sink`` is an ``EventSink`` (``await sink.publish(event)``); ``None``
         publishes nowhere. ``sync=False`` runs no sync loop (drive it with
-        :meth:`sync_once`). A wrong passphrase raises
+        :meth:`sync_once`). ``send`` starts the send queue's worker (default: with the
+        sync loop; :meth:`start_sync` starts it too). A wrong passphrase raises
         :class:`~gapline.storage.WrongPassphrase` before any network request.
         ``e2ee=True`` takes part in encrypted rooms: the device's crypto machine lives
         in the same store, opened once the client is logged in (at the first sync).
@@ -227,8 +254,11 @@ class Engine:
                     sync_timeout_ms=sync_timeout_ms,
                     e2ee=e2ee,
                 )
+                await engine._send_queue.announce()
                 if sync and client is not None:
                     engine.start_sync()
+                elif send and client is not None:
+                    engine.start_sending()
                 try:
                     yield engine
                 finally:
@@ -250,6 +280,15 @@ class Engine:
             raise ValueError("an engine without a homeserver client cannot sync")
         self.store.me = self.client.user_id
         self._sync_task = self._tg.create_task(self._sync.run(), name="history-sync")
+        self.start_sending()
+
+    def start_sending(self) -> None:
+        """Start the send queue's worker (once; :meth:`start_sync` does it too). Messages
+        queued before, in this run or an earlier one, go out in order."""
+        if self._send_task is not None or self._closed or self.client is None:
+            return
+        self.store.me = self.client.user_id
+        self._send_task = self._tg.create_task(self._send_queue.run(), name="history-send")
 
     async def _shutdown(self) -> None:
         if self._closed:
@@ -257,10 +296,11 @@ class Engine:
         self._closed = True
         for room_id in list(self._rooms):
             await self._close_room(room_id)
-        if self._sync_task is not None:
-            self._sync_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sync_task
+        for task in (self._sync_task, self._send_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._commits.drain()
 
     # -- public surface --------------------------------------------------------------------
@@ -348,6 +388,11 @@ class Engine:
         await self._quotes.wait()
 
     @property
+    def send_queue(self) -> SendQueue:
+        """The durable send queue (its counts, ``wait_sent`` for tests and tools)."""
+        return self._send_queue
+
+    @property
     def sync_count(self) -> int:
         return self._sync.count
 
@@ -388,6 +433,22 @@ class Engine:
                 return await self._write(command)
             case SetTyping():
                 return await self._write(command)
+            case RetrySend(room_id=room_id, id=row_id):
+                return await self._send_queue.retry(room_id, row_id)
+            case CancelSend(room_id=room_id, id=row_id):
+                return await self._send_queue.cancel(room_id, row_id)
+            case JoinRoom(room=room):
+                return await self._joining.join(room)
+            case AcceptInvite(room_id=room_id):
+                return await self._joining.join(room_id, action="accept the invite to")
+            case LeaveRoom(room_id=room_id):
+                return await self._joining.leave(room_id)
+            case DeclineInvite(room_id=room_id):
+                return await self._joining.leave(room_id, action="decline the invite to")
+            case CreateRoom(name=name, topic=topic, invitees=invitees, encrypted=enc, direct=d):
+                return await self._joining.create(
+                    name=name, topic=topic, invitees=invitees, encrypted=enc, direct=d
+                )
             case OpenThread(room_id=room_id, thread_root=root):
                 room = self._open(room_id)
                 return RoomNotOpen() if room is None else await self._threads.open(room, root)
@@ -470,6 +531,15 @@ class Engine:
 
     def _quotes_wanted(self, room_id: str):
         return lambda event_ids: self._quotes.want(room_id, event_ids)
+
+    def _note_joined(self, room_id: str) -> None:
+        """A join the server made: the room opens before the next sync reports it."""
+        if self._sync.joined is not None:
+            self._sync.joined.add(room_id)
+
+    def _note_left(self, room_id: str) -> None:
+        if self._sync.joined is not None:
+            self._sync.joined.discard(room_id)
 
     async def _typing(self, room_id: str, users: tuple[str, ...]) -> None:
         room = self._open(room_id)

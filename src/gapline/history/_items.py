@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import ClassVar, TypeAlias
 
 from gapline.e2ee import UtdReason
 
@@ -29,6 +29,8 @@ __all__ = [
     "Reaction",
     "ReadMarkerItem",
     "ReplyStatus",
+    "SendState",
+    "SendStateKind",
     "ThreadLatest",
     "ThreadSummary",
     "TimelineItem",
@@ -77,6 +79,37 @@ class InReplyTo:
     sender_name: str | None = None
     body: str | None = None
     redacted: bool = False
+
+
+class SendStateKind(enum.Enum):
+    Pending = "Pending"
+    Failed = "Failed"
+
+
+@dataclass(frozen=True, slots=True)
+class SendState:
+    """Where a local echo (a message this account queued) stands: ``Pending`` until the
+    server's event replaces the row, ``Failed(message)`` after a permanent refusal.
+
+    Build ``Pending`` from :attr:`PENDING` and a failure with :meth:`failed`;
+    ``message`` is set exactly when ``kind`` is ``Failed``.
+    """
+
+    kind: SendStateKind
+    message: str | None = None
+
+    PENDING: ClassVar[SendState]
+
+    def __post_init__(self) -> None:
+        if (self.kind is SendStateKind.Failed) != (self.message is not None):
+            raise ValueError("SendState carries a message exactly when it is Failed")
+
+    @classmethod
+    def failed(cls, message: str) -> SendState:
+        return cls(SendStateKind.Failed, message)
+
+
+SendState.PENDING = SendState(SendStateKind.Pending)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +167,9 @@ class EventItem:
     the room as of the event (``None``: none known), disambiguated with the
     user id when another member had the same name. ``encrypted`` says the event
     arrived as ``m.room.encrypted``; ``decryption`` is set (and ``body`` is
-    ``None``) while it could not be decrypted.
+    ``None``) while it could not be decrypted. ``send_state`` is ``None`` for an
+    event the server ordered, and set on a local echo: a message queued here and not
+    yet returned by the server (its ``id`` then survives the server's event replacing it).
     """
 
     id: str
@@ -152,6 +187,7 @@ class EventItem:
     thread_summary: ThreadSummary | None = None
     encrypted: bool = False
     decryption: Undecrypted | None = None
+    send_state: SendState | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,6 +22,7 @@ rows. Rules, applied per event in publish order:
   entry when nobody); ``MembersChanged`` upserts members into
   ``State.members`` (sorted by user id; one who left or was banned is
   dropped). ``Idle`` drops the room's threads, typing and members too.
+- ``SendQueueChanged`` replaces :attr:`Mirror.send_queue` (the queue's counts).
 
 Attach a mirror to an engine as an :class:`EventSink`: it applies
 synchronously inside ``publish``, so by the time a command's answer is
@@ -44,6 +45,7 @@ from gapline.history._types import (
     RecentHistoryChanged,
     RecentHistoryKind,
     RecentHistoryState,
+    SendQueueChanged,
     TimelineChanged,
     TimelineItem,
     TimelineReset,
@@ -97,6 +99,8 @@ class Mirror:
         self._threads: dict[str, dict[str, tuple[TimelineItem, ...]]] = {}
         self._typing: dict[str, tuple[str, ...]] = {}
         self._members: dict[str, dict[str, Member]] = {}
+        self.send_queue = SendQueueChanged()
+        """The send queue's counts as last published."""
 
     @property
     def state(self) -> State:
@@ -174,5 +178,7 @@ class Mirror:
                     self._recent[room_id] = state
             case HistoryRepairChanged(report=report):
                 self._repairs[report.room_id] = report
+            case SendQueueChanged():
+                self.send_queue = event
             case _:
                 raise MirrorError(f"not an engine event: {event!r}")

@@ -1,7 +1,11 @@
 """Commands that write to a room: messages (replies, thread replies), reactions, redactions,
 edits, read markers, typing.
 
-Each answers ``Ok`` once the homeserver accepted the request; what it causes
+Messages, reactions, edits and redactions go through the durable send queue
+(``_send_queue``): each answers ``Ok`` once it is committed there (a message's
+local echo row, ``Pending``, published), and never waits on the homeserver;
+what a reaction, edit or redaction does arrives with the sync. Read markers and
+typing answer ``Ok`` once the homeserver accepted the request; what they cause
 (the message, the edit applied to its row, the reaction chip) arrives with
 the sync like anyone else's event, through the same relation rules. Only
 ``MarkRead`` also moves the marker and this account's receipt at once (the
@@ -17,10 +21,9 @@ from typing import Any
 
 from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
-from gapline.history._crypto import EngineCrypto
-from gapline.history._encrypted_send import CannotEncrypt, seal
 from gapline.history._failures import describe
 from gapline.history._relations import RelKind, is_redacted, relation_of
+from gapline.history._send_queue import SendQueue
 from gapline.history._types import (
     Answer,
     EditMessage,
@@ -49,13 +52,13 @@ class Sending:
         client: MatrixClient | None,
         commits: Commits,
         flush: Callable[[str], Awaitable[None]],
-        crypto: EngineCrypto | None = None,
+        queue: SendQueue,
     ) -> None:
-        self._crypto = crypto
         self._store = store
         self._client = client
         self._commits = commits
         self._flush = flush
+        self._queue = queue
 
     async def _call(self, call: Callable[[MatrixClient], Awaitable[Any]]) -> Answer:
         if self._client is None:
@@ -64,16 +67,7 @@ class Sending:
             await call(self._client)
         except MatrixError as exc:
             return Failed(describe(exc))
-        except CannotEncrypt as exc:
-            return Failed(str(exc))
         return Ok()
-
-    async def _send(
-        self, client: MatrixClient, room_id: str, event_type: str, content: dict[str, Any]
-    ) -> str:
-        """Send a room event, encrypted when the room is (never in the clear there)."""
-        sealed = await seal(self._crypto, self._store, client, room_id, event_type, content)
-        return await client.send_event(room_id, sealed.event_type, sealed.content)
 
     async def message(self, command: SendMessage) -> Answer:
         content: dict[str, Any] = {"msgtype": "m.text", "body": command.body}
@@ -93,32 +87,46 @@ class Sending:
             }
         elif reply is not None:
             content["m.relates_to"] = {"m.in_reply_to": {"event_id": reply}}
-        return await self._call(lambda c: self._send(c, command.room_id, "m.room.message", content))
+        if self._client is None:
+            return Failed(OFFLINE)
+        return await self._queue.enqueue(
+            command.room_id, "m.room.message", content, thread_root=root
+        )
 
     async def reaction(self, command: SendReaction) -> Answer:
         """Add the reaction, or take this account's reaction with that key back."""
-        me = self._client.user_id if self._client is not None else None
+        if self._client is None:
+            return Failed(OFFLINE)
+        me = self._client.user_id
         aggregate = await self._store.aggregate(command.room_id, command.event_id)
         mine = [
             a.event_id
             for a in (aggregate.annotations if aggregate is not None else ())
             if a.key == command.key and a.sender == me
         ]
+        for event_id in mine:
+            answer = await self._queue.enqueue(
+                command.room_id, "m.room.redaction", {}, redacts=event_id
+            )
+            if not isinstance(answer, Ok):
+                return answer
         if mine:
-            return await self._call(lambda c: self._redact_all(c, command.room_id, mine))
-        relates = {"rel_type": "m.annotation", "event_id": command.event_id, "key": command.key}
-        return await self._call(
-            lambda c: self._send(c, command.room_id, "m.reaction", {"m.relates_to": relates})
-        )
-
-    @staticmethod
-    async def _redact_all(client: MatrixClient, room_id: str, event_ids: list[str]) -> None:
-        for event_id in event_ids:
-            await client.redact(room_id, event_id)
+            return Ok()
+        content = {
+            "m.relates_to": {
+                "rel_type": "m.annotation",
+                "event_id": command.event_id,
+                "key": command.key,
+            }
+        }
+        return await self._queue.enqueue(command.room_id, "m.reaction", content)
 
     async def redact(self, command: RedactEvent) -> Answer:
-        return await self._call(
-            lambda c: c.redact(command.room_id, command.event_id, reason=command.reason)
+        if self._client is None:
+            return Failed(OFFLINE)
+        content = {} if command.reason is None else {"reason": command.reason}
+        return await self._queue.enqueue(
+            command.room_id, "m.room.redaction", content, redacts=command.event_id
         )
 
     async def edit(self, command: EditMessage) -> Answer:
@@ -146,7 +154,7 @@ class Sending:
             "m.new_content": new,
             "m.relates_to": {"rel_type": "m.replace", "event_id": command.event_id},
         }
-        return await self._call(lambda c: self._send(c, command.room_id, original.type, content))
+        return await self._queue.enqueue(command.room_id, original.type, content)
 
     async def mark_read(self, command: MarkRead) -> Answer:
         room_id, event_id = command.room_id, command.event_id

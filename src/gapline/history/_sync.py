@@ -50,7 +50,9 @@ def commit_sync(
         )
         sections.flush_members()
         sections.ingest_receipts(joined.receipts, joined.fully_read)
-        out[room_id] = sections.updates
+        # Queued messages whose events this sync retains leave the send queue with it.
+        settled = store.sends.settle(tx, room_id, timeline.events, limited=timeline.limited)
+        out[room_id] = [*sections.updates, *settled]
         out.update(sections.extend_threads(timeline.prev_batch))
     store.put_sync_token(tx, response.next_batch)
     return None, out
@@ -102,6 +104,7 @@ class Sync:
         timeout_ms: int,
         typing: Callable[[str, tuple[str, ...]], Awaitable[None]] | None = None,
         crypto: EngineCrypto | None = None,
+        after_ingest: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._crypto = crypto
         self._store = store
@@ -109,6 +112,7 @@ class Sync:
         self._commits = commits
         self._flush_room = flush_room
         self._typing = typing
+        self._after_ingest = after_ingest
         self._filter: dict[str, Any] | None = (
             None if timeline_limit is None else {"room": {"timeline": {"limit": timeline_limit}}}
         )
@@ -215,6 +219,8 @@ class Sync:
         if self._typing is not None:
             for room_id, users in typing_of(response).items():
                 await self._typing(room_id, users)
+        if self._after_ingest is not None:
+            await self._after_ingest()
         async with self._synced:
             self.count += 1
             self._synced.notify_all()

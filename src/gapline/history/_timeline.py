@@ -21,6 +21,14 @@ quote follows the quoted row. Applying updates is idempotent (an event
 already shown is not shown twice, a gap already removed is not removed
 twice), because a read of older rows may see a commit whose updates are
 still queued.
+
+Local echoes (messages in the send queue) sit after every event at
+``(ECHO_ORD, seq, 1)``. When the sync brings the server's event for one (by
+our transaction id, or by the event id the server answered), the event takes
+the echo's place under the echo's row id: a ``Set`` diff when it lands where
+the echo was, else the echo's ``Remove`` and the event's ``Insert`` (the
+server ordered another event between). The row keeps the echo's id for as
+long as this timeline lives, reloads included.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from gapline.history._cache_store import Window
+from gapline.history._echoes import ECHO_ORD, ECHO_PREFIX
 from gapline.history._items import EventItem, InReplyTo, Member, ReplyStatus
 from gapline.history._render import preview_of, render, reply_preview
 from gapline.history._types import (
@@ -52,6 +61,9 @@ from gapline.history._types import (
 )
 from gapline.history._updates import (
     DetachedStored,
+    EchoPlaced,
+    EchoRemoved,
+    EchoSettled,
     EventsAdded,
     GapAdded,
     GapChanged,
@@ -64,6 +76,7 @@ from gapline.history._updates import (
     StoredEvent,
     Update,
 )
+from gapline.matrix import ClientEvent
 
 __all__ = ["Timeline", "gap_item"]
 
@@ -124,6 +137,10 @@ class Timeline:
         self._hidden: deque[str] = deque(maxlen=64)
         self.closed = False
         self._ready = False  # until the reset is built, queued updates wait
+        self._echoes: dict[str, RowKey] = {}  # txn id -> echo row key
+        self._echo_events: dict[str, str] = {}  # acknowledged event id -> txn id
+        self._settled: set[str] = set()  # txn ids whose echo became (or left for) an event
+        self._aliases: dict[str, str] = {}  # event id -> the echo row id it took over
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -174,6 +191,8 @@ class Timeline:
         self._event_keys.clear()
         self._quoting.clear()
         self._hidden.clear()
+        self._echoes.clear()
+        self._echo_events.clear()
         if window.hidden_tail is not None:
             self._hidden.append(window.hidden_tail)
         self._high = None
@@ -215,8 +234,26 @@ class Timeline:
         for gap in window.gaps:
             if not gap.is_top:
                 rows.append(((gap.newer_ord, _GAP_POS, 0), gap_item(gap)))
+        for echo in window.echoes:
+            if echo.txn_id not in self._settled:
+                key = (ECHO_ORD, echo.seq, 1)
+                self._track_echo(key, echo)
+                rows.append((key, echo.item))
         rows.sort(key=lambda row: row[0])
-        return rows
+        return [(key, self._aliased(item)) for key, item in rows]
+
+    def _aliased(self, item: TimelineItem) -> TimelineItem:
+        """An event that took over an echo's row keeps showing under the echo's id."""
+        if isinstance(item, EventItem) and item.send_state is None:
+            alias = self._aliases.get(item.event_id)
+            if alias is not None and alias != item.id:
+                return replace(item, id=alias)
+        return item
+
+    def _track_echo(self, key: RowKey, echo: EchoPlaced) -> None:
+        self._echoes[echo.txn_id] = key
+        if echo.item.event_id != echo.item.id:
+            self._echo_events[echo.item.event_id] = echo.txn_id
 
     def _readers(self) -> dict[str, tuple[str, ...]]:
         by_event: dict[str, list[str]] = {}
@@ -231,6 +268,12 @@ class Timeline:
 
     def _untrack(self, key: RowKey, item: TimelineItem) -> None:
         if not isinstance(item, EventItem):
+            return
+        if key[0] == ECHO_ORD:
+            txn = item.id.removeprefix(ECHO_PREFIX)
+            if self._echoes.get(txn) == key:
+                del self._echoes[txn]
+            self._echo_events.pop(item.event_id, None)
             return
         if self._event_keys.get(item.event_id) == key:
             del self._event_keys[item.event_id]
@@ -374,6 +417,7 @@ class Timeline:
         return None if i is None else self._items[i]
 
     def _insert(self, key: RowKey, item: TimelineItem) -> VectorDiff:
+        item = self._aliased(item)
         i = bisect.bisect_left(self._keys, key)
         self._keys.insert(i, key)
         self._items.insert(i, item)
@@ -389,12 +433,13 @@ class Timeline:
         return Remove(i)
 
     def _set(self, key: RowKey, item: TimelineItem) -> VectorDiff | None:
+        item = self._aliased(item)
         i = self._index(key)
         if i is None or self._items[i] == item:
             return None
         old = self._items[i]
         self._untrack(key, old)
-        if isinstance(item, EventItem):
+        if isinstance(item, EventItem) and key[0] != ECHO_ORD:
             self._track(key, item)
         self._items[i] = item
         return Set(i, item)
@@ -409,6 +454,20 @@ class Timeline:
                 appended: list[TimelineItem] = []
                 for i, item in enumerate(rows):
                     key = (ord_, pos + i, 1)
+                    txn = self._echo_of(events[i])
+                    if txn is not None:
+                        if appended:
+                            out.append(Append(tuple(appended)))
+                            appended = []
+                        shown_here = flags[i] and self._visible(key[:2]) and not self._contains(key)
+                        placed_item = replace(item, receipts=by_event.get(item.event_id, ()))
+                        out.extend(self._settle_echo(txn, key if shown_here else None, placed_item))
+                        if shown_here:
+                            self._track(key, item)
+                            if self._low is None or key[:2] < self._low:
+                                self._low = key[:2]
+                            out.extend(self._quoted(item))
+                            continue
                     if not flags[i]:
                         if self._visible(key[:2]):
                             self._hidden.append(item.event_id)
@@ -471,7 +530,62 @@ class Timeline:
             case DetachedStored(event_id=event_id, item=item):
                 quote = reply_preview(event_id, item, unavailable=item is None)
                 out.extend(self._requote(event_id, quote))
+            case EchoPlaced(seq=seq, txn_id=txn, item=item):
+                if txn in self._settled:
+                    return out
+                key = (ECHO_ORD, seq, 1)
+                if self._contains(key):
+                    self._echo_events.pop(_event_of(self._item_at(key)), None)
+                    diff = self._set(key, item)
+                    if diff is not None:
+                        out.append(diff)
+                    self._track_echo(key, EchoPlaced(seq, txn, item))
+                elif self._visible(key[:2]):
+                    out.append(self._insert(key, item))
+                    self._track_echo(key, EchoPlaced(seq, txn, item))
+            case EchoRemoved(txn_id=txn) | EchoSettled(txn_id=txn):
+                # A settled echo whose event is not a row of this window (a limited sync
+                # put it in a gap, it went to a thread) leaves; a cancelled one too.
+                if isinstance(update, EchoSettled):
+                    self._settled.add(txn)
+                key = self._echoes.get(txn)
+                if key is not None:
+                    diff = self._remove(key)
+                    if diff is not None:
+                        out.append(diff)
         return out
+
+    def _echo_of(self, event: ClientEvent) -> str | None:
+        """The queued message (txn id) this event of the server answers, if one is shown."""
+        if not self._echoes:
+            return None
+        txn = event.transaction_id
+        if txn is not None and txn in self._echoes:
+            return txn
+        return self._echo_events.get(event.event_id)
+
+    def _settle_echo(self, txn: str, key: RowKey | None, item: EventItem) -> list[VectorDiff]:
+        """The server's event for an echo row arrived: it takes the row's place and id
+        (``key`` ``None``: it is not a row here, and the echo goes)."""
+        self._settled.add(txn)
+        old = self._echoes.get(txn)
+        i = None if old is None else self._index(old)
+        if old is None or i is None:
+            return [] if key is None else [self._insert(key, item)]
+        echo = self._items[i]
+        assert isinstance(echo, EventItem)
+        self._untrack(old, echo)
+        del self._keys[i]
+        del self._items[i]
+        if key is None:
+            return [Remove(i)]
+        self._aliases[item.event_id] = echo.id
+        j = bisect.bisect_left(self._keys, key)
+        if j == i:
+            self._keys.insert(i, key)
+            self._items.insert(i, self._aliased(item))
+            return [Set(i, self._items[i])]
+        return [Remove(i), self._insert(key, item)]
 
     def _quoted(self, item: EventItem) -> list[VectorDiff]:
         """Rows quoting ``item`` quote it as it is now."""
@@ -528,6 +642,10 @@ class Timeline:
             if new_key is not None:
                 out.append(self._insert((new_key[0], new_key[1], 2), ReadMarkerItem()))
         return out
+
+
+def _event_of(item: TimelineItem | None) -> str:
+    return item.event_id if isinstance(item, EventItem) else ""
 
 
 def _better(current: InReplyTo, new: InReplyTo) -> InReplyTo:

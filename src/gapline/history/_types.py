@@ -33,20 +33,27 @@ from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias
 
 from gapline.history._commands import (
+    AcceptInvite,
     Cancel,
+    CancelSend,
     CloseRoom,
     Command,
+    CreateRoom,
+    DeclineInvite,
     DumpState,
     EditMessage,
     FillGap,
     HistoryRepair,
     HistoryRepairCommand,
+    JoinRoom,
+    LeaveRoom,
     MarkRead,
     OpenRoom,
     OpenThread,
     PaginateBackwards,
     RedactEvent,
     RetryRecent,
+    RetrySend,
     SendMessage,
     SendReaction,
     SetTyping,
@@ -63,6 +70,8 @@ from gapline.history._items import (
     Reaction,
     ReadMarkerItem,
     ReplyStatus,
+    SendState,
+    SendStateKind,
     ThreadLatest,
     ThreadSummary,
     TimelineItem,
@@ -72,13 +81,17 @@ from gapline.history._items import (
 
 __all__ = [
     "READ_MARKER_ID",
+    "AcceptInvite",
     "Answer",
     "Append",
     "Cancel",
+    "CancelSend",
     "Clear",
     "CloseRoom",
     "Command",
     "Continuity",
+    "CreateRoom",
+    "DeclineInvite",
     "DiffError",
     "DumpState",
     "EditMessage",
@@ -98,6 +111,8 @@ __all__ = [
     "Insert",
     "Interrupted",
     "Invalid",
+    "JoinRoom",
+    "LeaveRoom",
     "MarkRead",
     "Member",
     "MembersChanged",
@@ -119,10 +134,14 @@ __all__ = [
     "ReplyStatus",
     "Reset",
     "RetryRecent",
+    "RetrySend",
     "RoomBusy",
     "RoomNotOpen",
     "SendMessage",
+    "SendQueueChanged",
     "SendReaction",
+    "SendState",
+    "SendStateKind",
     "Set",
     "SetTyping",
     "ShrinkTimeline",
@@ -158,7 +177,9 @@ class EngineConfig:
     load on ``PaginateBackwards``); ``timeline_window`` bounds the rows an open
     room (or thread) holds in memory: scrolling back further drops rows at
     the newest end, and ``ShrinkTimeline`` (or returning to the live end)
-    reloads the newest ``open_window`` rows as one ``Reset`` diff.
+    reloads the newest ``open_window`` rows as one ``Reset`` diff;
+    ``send_backoff_s`` is the send queue's first and longest wait, in seconds,
+    while the homeserver is unreachable (it doubles in between).
     """
 
     initial_history_limit: int = 20
@@ -167,6 +188,7 @@ class EngineConfig:
     recent_pages: int = 4
     open_window: int = 100
     timeline_window: int = 3000
+    send_backoff_s: tuple[float, float] = (0.5, 10.0)
 
     def __post_init__(self) -> None:
         for name in ("initial_history_limit", "page_size", "page_budget", "recent_pages"):
@@ -488,6 +510,16 @@ class MembersChanged:
     members: tuple[Member, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class SendQueueChanged:
+    """How many messages the send queue holds (all rooms): ``pending`` not yet in the
+    room (queued, or acknowledged and awaiting the sync), ``failed`` refused for good.
+    Published when the engine starts and whenever either count changes."""
+
+    pending: int = 0
+    failed: int = 0
+
+
 Event: TypeAlias = (
     RecentHistoryChanged
     | HistoryRepairChanged
@@ -495,4 +527,5 @@ Event: TypeAlias = (
     | TimelineChanged
     | TypingChanged
     | MembersChanged
+    | SendQueueChanged
 )

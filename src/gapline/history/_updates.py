@@ -26,6 +26,9 @@ from gapline.matrix import ClientEvent
 __all__ = [
     "AggregateChanged",
     "DetachedStored",
+    "EchoPlaced",
+    "EchoRemoved",
+    "EchoSettled",
     "EventRewritten",
     "EventsAdded",
     "GapAdded",
@@ -218,6 +221,34 @@ class DetachedStored:
     item: EventItem | None
 
 
+@dataclass(frozen=True, slots=True)
+class EchoPlaced:
+    """A local echo (a queued message) is shown as ``item``, or shows differently now
+    (acknowledged, failed, retried). ``seq`` is its place in the send queue: echo rows
+    sit after every event of the timeline, in queue order."""
+
+    seq: int
+    txn_id: str
+    item: EventItem
+
+
+@dataclass(frozen=True, slots=True)
+class EchoRemoved:
+    """A local echo was cancelled: its row goes."""
+
+    txn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class EchoSettled:
+    """The room retained the server's event for a queued message (``event_id`` when the
+    sync matched it by our transaction id): the echo row has become that event, or goes
+    if the event is not a row here."""
+
+    txn_id: str
+    event_id: str | None = None
+
+
 Update = (
     EventsAdded
     | GapAdded
@@ -231,4 +262,7 @@ Update = (
     | RowsHidden
     | MembersUpdated
     | DetachedStored
+    | EchoPlaced
+    | EchoRemoved
+    | EchoSettled
 )

@@ -19,10 +19,14 @@ from typing import Any
 
 from gapline.history._mirror import State
 from gapline.history._types import (
+    AcceptInvite,
     Append,
     Cancel,
+    CancelSend,
     Clear,
     CloseRoom,
+    CreateRoom,
+    DeclineInvite,
     DumpState,
     EditMessage,
     EventItem,
@@ -37,6 +41,8 @@ from gapline.history._types import (
     Insert,
     Interrupted,
     Invalid,
+    JoinRoom,
+    LeaveRoom,
     MarkRead,
     Member,
     MembersChanged,
@@ -54,10 +60,14 @@ from gapline.history._types import (
     Remove,
     Reset,
     RetryRecent,
+    RetrySend,
     RoomBusy,
     RoomNotOpen,
     SendMessage,
+    SendQueueChanged,
     SendReaction,
+    SendState,
+    SendStateKind,
     Set,
     SetTyping,
     ShrinkTimeline,
@@ -67,6 +77,7 @@ from gapline.history._types import (
     TimelineItem,
     TimelineReset,
     TypingChanged,
+    Undecrypted,
     VectorDiff,
 )
 
@@ -170,6 +181,25 @@ def _member(member: Member) -> dict[str, Json]:
     }
 
 
+def _send_state(state: SendState | None) -> Json:
+    if state is None:
+        return None
+    if state.kind is SendStateKind.Failed:
+        return {"Failed": state.message}
+    return state.kind.value
+
+
+def _decryption(decryption: Undecrypted | None) -> Json:
+    if decryption is None:
+        return None
+    return {
+        "UnableToDecrypt": {
+            "session_id": decryption.session_id,
+            "reason": decryption.reason.value,
+        }
+    }
+
+
 def _item(item: TimelineItem) -> dict[str, Json]:
     match item:
         case EventItem():
@@ -186,6 +216,10 @@ def _item(item: TimelineItem) -> dict[str, Json]:
                         "edited": item.edited,
                         "redacted": item.redacted,
                         "receipts": list(item.receipts),
+                        # Pinned: always present, null/false when unset.
+                        "encrypted": item.encrypted,
+                        "decryption": _decryption(item.decryption),
+                        "send_state": _send_state(item.send_state),
                     },
                     sender_name=item.sender_name,
                     in_reply_to=None if item.in_reply_to is None else _reply(item.in_reply_to),
@@ -194,15 +228,6 @@ def _item(item: TimelineItem) -> dict[str, Json]:
                     thread_summary=None
                     if item.thread_summary is None
                     else _thread(item.thread_summary),
-                    encrypted=True if item.encrypted else None,
-                    decryption=None
-                    if item.decryption is None
-                    else {
-                        "UnableToDecrypt": {
-                            "session_id": item.decryption.session_id,
-                            "reason": item.decryption.reason.value,
-                        }
-                    },
                 ),
             )
         case HistoryGapItem():
@@ -307,6 +332,30 @@ def to_wire(value: object) -> Json:
             return _tag("ShrinkTimeline", _with({"room_id": room_id}, thread_root=root))
         case SetTyping(room_id=room_id, typing=typing):
             return _tag("SetTyping", {"room_id": room_id, "typing": typing})
+        case RetrySend(room_id=room_id, id=row_id):
+            return _tag("RetrySend", {"room_id": room_id, "id": row_id})
+        case CancelSend(room_id=room_id, id=row_id):
+            return _tag("CancelSend", {"room_id": room_id, "id": row_id})
+        case JoinRoom(room=room):
+            return _tag("JoinRoom", {"room": room})
+        case LeaveRoom(room_id=room_id):
+            return _tag("LeaveRoom", {"room_id": room_id})
+        case AcceptInvite(room_id=room_id):
+            return _tag("AcceptInvite", {"room_id": room_id})
+        case DeclineInvite(room_id=room_id):
+            return _tag("DeclineInvite", {"room_id": room_id})
+        case CreateRoom(name=name, topic=topic, invitees=invitees, encrypted=enc, direct=direct):
+            return _tag(
+                "CreateRoom",
+                _with(
+                    {},
+                    name=name,
+                    topic=topic,
+                    invitees=list(invitees) or None,
+                    encrypted=enc or None,
+                    direct=direct or None,
+                ),
+            )
         case Shutdown():
             return "Shutdown"
         case DumpState():
@@ -347,6 +396,8 @@ def to_wire(value: object) -> Json:
             return _tag(
                 "MembersChanged", {"room_id": room_id, "members": [_member(m) for m in members]}
             )
+        case SendQueueChanged(pending=pending, failed=failed):
+            return _tag("SendQueueChanged", {"pending": pending, "failed": failed})
         # parts
         case EventItem() | HistoryGapItem() | ReadMarkerItem():
             return _item(value)

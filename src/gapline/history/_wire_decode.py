@@ -23,11 +23,15 @@ from typing import TypeVar
 
 from gapline.history._mirror import State
 from gapline.history._types import (
+    AcceptInvite,
     Answer,
     Cancel,
+    CancelSend,
     CloseRoom,
     Command,
     Continuity,
+    CreateRoom,
+    DeclineInvite,
     DumpState,
     EditMessage,
     Event,
@@ -39,6 +43,8 @@ from gapline.history._types import (
     HistoryRepairReport,
     Interrupted,
     Invalid,
+    JoinRoom,
+    LeaveRoom,
     MarkRead,
     Member,
     MembersChanged,
@@ -53,9 +59,11 @@ from gapline.history._types import (
     RepairPhase,
     RepairStop,
     RetryRecent,
+    RetrySend,
     RoomBusy,
     RoomNotOpen,
     SendMessage,
+    SendQueueChanged,
     SendReaction,
     SetTyping,
     ShrinkTimeline,
@@ -111,6 +119,13 @@ _COMMAND_DATAS = (
     "OpenThread",
     "ShrinkTimeline",
     "SetTyping",
+    "RetrySend",
+    "CancelSend",
+    "JoinRoom",
+    "LeaveRoom",
+    "AcceptInvite",
+    "DeclineInvite",
+    "CreateRoom",
 )
 
 
@@ -119,6 +134,21 @@ def _reaction_key(value: Json, where: str) -> str:
     if len(key) > 256:
         raise WireError(f"{where}: a reaction key is at most 256 characters")
     return key
+
+
+def _room_or_alias(value: Json, where: str) -> str:
+    text = str_(value, where)
+    if text.startswith("#") and ":" in text and len(text) >= 4:
+        return text
+    return room_id(text, where)
+
+
+def _user_ids(value: Json, where: str) -> tuple[str, ...]:
+    users = str_list(value, where)
+    for user in users:
+        if not (user.startswith("@") and ":" in user):
+            raise WireError(f"{where}: expected Matrix user ids (@name:server), got {user!r}")
+    return users
 
 
 def command_from_wire(value: Json, where: str = "command") -> Command:
@@ -180,6 +210,25 @@ def command_from_wire(value: Json, where: str = "command") -> Command:
         case "SetTyping":
             f = Fields(payload, at, ("room_id", "typing"))
             return SetTyping(f.get("room_id", room_id), f.get("typing", bool_))
+        case "JoinRoom":
+            return JoinRoom(Fields(payload, at, ("room",)).get("room", _room_or_alias))
+        case "LeaveRoom" | "AcceptInvite" | "DeclineInvite":
+            kinds = {"LeaveRoom": LeaveRoom, "AcceptInvite": AcceptInvite}
+            kind = kinds.get(name, DeclineInvite)
+            return kind(Fields(payload, at, ("room_id",)).get("room_id", room_id))
+        case "CreateRoom":
+            f = Fields(payload, at, (), ("name", "topic", "invitees", "encrypted", "direct"))
+            return CreateRoom(
+                name=f.opt("name", str_),
+                topic=f.opt("topic", str_),
+                invitees=f.opt("invitees", _user_ids) or (),
+                encrypted=bool(f.opt("encrypted", bool_)),
+                direct=bool(f.opt("direct", bool_)),
+            )
+        case "RetrySend" | "CancelSend":
+            f = Fields(payload, at, ("room_id", "id"))
+            kind = RetrySend if name == "RetrySend" else CancelSend
+            return kind(f.get("room_id", room_id), f.get("id", nonempty))
         case _:  # "HistoryRepair"
             inner, data = variant(payload, at, (), ("FillGap", "RetryRecent", "Cancel"))
             at = f"{at}.{inner}"
@@ -246,6 +295,7 @@ _EVENTS = (
     "TimelineChanged",
     "TypingChanged",
     "MembersChanged",
+    "SendQueueChanged",
 )
 
 
@@ -274,6 +324,9 @@ def event_from_wire(value: Json, where: str = "event") -> Event:
         case "TypingChanged":
             f = Fields(payload, at, ("room_id", "user_ids"))
             return TypingChanged(f.get("room_id", str_), f.get("user_ids", str_list))
+        case "SendQueueChanged":
+            f = Fields(payload, at, ("pending", "failed"))
+            return SendQueueChanged(f.get("pending", count), f.get("failed", count))
         case _:  # MembersChanged
             f = Fields(payload, at, ("room_id", "members"))
             return MembersChanged(f.get("room_id", str_), f.get("members", _members))

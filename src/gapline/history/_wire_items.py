@@ -24,6 +24,7 @@ from gapline.history._types import (
     Remove,
     ReplyStatus,
     Reset,
+    SendState,
     Set,
     ThreadLatest,
     ThreadSummary,
@@ -67,6 +68,7 @@ _EVENT_ITEM_OPTIONAL = (
     "thread_summary",
     "encrypted",
     "decryption",
+    "send_state",
 )
 _GAP_FIELDS = ("id", "older_boundary", "newer_boundary", "lifecycle", "failure")
 _PREVIEW_FIELDS = ("event_id", "sender", "sender_name", "body", "redacted")
@@ -126,6 +128,15 @@ def _reactions(value: Json, where: str) -> tuple[Reaction, ...]:
     return tuple(out)
 
 
+def _send_state(value: Json, where: str) -> SendState | None:
+    if value is None:
+        return None
+    name, payload = variant(value, where, ("Pending",), ("Failed",))
+    if name == "Pending":
+        return SendState.PENDING
+    return SendState.failed(str_(payload, f"{where}.Failed"))
+
+
 def member_from_wire(value: Json, where: str = "member") -> Member:
     f = Fields(value, where, ("user_id", "display_name", "membership"))
     return Member(
@@ -157,6 +168,7 @@ def item_from_wire(value: Json, where: str = "item") -> TimelineItem:
             thread_summary=f.opt("thread_summary", _thread),
             encrypted=f.opt("encrypted", bool_, False) or False,
             decryption=f.opt("decryption", _decryption),
+            send_state=f.opt("send_state", _send_state),
         )
     if name == "HistoryGap":
         f = Fields(payload, at, _GAP_FIELDS)

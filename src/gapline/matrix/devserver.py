@@ -7,7 +7,9 @@ own process group, with a config generated into a temporary directory:
 - ``server_name: localhost``; one plain-HTTP ``client`` listener on a free
   127.0.0.1 port and no federation listener; ``trusted_key_servers: []`` so
   nothing reaches the network;
-- an in-memory SQLite database (the server forgets everything when it stops);
+- an in-memory SQLite database (the server forgets everything when it stops),
+  or with ``persistent=True`` a database file in the directory, so that
+  `resume()` brings the same server back (same port, users, rooms, tokens);
 - open registration without verification, ``bcrypt_rounds: 4``;
 - every rate limiter lifted (tests send hundreds of events, logins and joins);
 - ``sync_response_cache_duration: 0``: otherwise a finished ``/sync`` answer is
@@ -19,7 +21,9 @@ own process group, with a config generated into a temporary directory:
 Readiness is ``GET /_matrix/client/versions`` answering 200. Synapse's output
 goes to ``synapse.log`` in the directory; a server that fails to start raises
 `SynapseStartError` carrying the log's tail. `stop()` terminates the whole
-process group (SIGTERM, then SIGKILL).
+process group (SIGTERM, then SIGKILL); `halt()` and `resume()` stop the
+processes and start them again from the same config (a test of a homeserver
+going away and coming back).
 
 The async helpers (`register_user`, `create_room`, `send_messages`, ...) go
 through `MatrixClient`, so they exercise the same code the engines use.
@@ -117,8 +121,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def synapse_config(directory: Path, *, port: int, server_name: str = "localhost") -> dict[str, Any]:
+def synapse_config(
+    directory: Path, *, port: int, server_name: str = "localhost", persistent: bool = False
+) -> dict[str, Any]:
     """The homeserver config `SynapseServer` writes (JSON is valid YAML)."""
+    database = str(directory / "homeserver.db") if persistent else ":memory:"
     return {
         "server_name": server_name,
         "public_baseurl": f"http://127.0.0.1:{port}/",
@@ -133,7 +140,7 @@ def synapse_config(directory: Path, *, port: int, server_name: str = "localhost"
                 "resources": [{"names": ["client"], "compress": False}],
             }
         ],
-        "database": {"name": "sqlite3", "args": {"database": ":memory:"}},
+        "database": {"name": "sqlite3", "args": {"database": database}},
         "media_store_path": str(directory / "media"),
         "signing_key_path": str(directory / "signing.key"),
         "trusted_key_servers": [],
@@ -159,6 +166,24 @@ def _write_signing_key(path: Path) -> None:
     path.write_text(f"ed25519 a_{secrets.token_hex(2)} {seed}\n")
 
 
+def _launch(workdir: Path, python: str) -> subprocess.Popen[bytes]:
+    with (workdir / "synapse.log").open("ab") as log_file:
+        return subprocess.Popen(
+            [
+                python,
+                "-m",
+                "synapse.app.homeserver",
+                "--config-path",
+                str(workdir / "homeserver.yaml"),
+            ],
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group: stop() kills it whole
+        )
+
+
 @dataclass
 class SynapseServer:
     """A running throwaway Synapse. Use `start()` (blocking, ~3 s) and `stop()`,
@@ -171,6 +196,7 @@ class SynapseServer:
     process: subprocess.Popen[bytes] = field(repr=False)
     start_seconds: float
     _owns_directory: bool = field(default=False, repr=False)
+    _python: str = field(default=sys.executable, repr=False)
     _counter: itertools.count[int] = field(default_factory=itertools.count, repr=False)
 
     @property
@@ -187,11 +213,13 @@ class SynapseServer:
         server_name: str = "localhost",
         startup_timeout: float = 90.0,
         python: str = sys.executable,
+        persistent: bool = False,
     ) -> SynapseServer:
         """Start Synapse and wait until it answers ``/_matrix/client/versions``.
 
         ``directory`` receives the config, key, media store and log; a fresh
         temporary one (removed by `stop`) is made when none is given.
+        ``persistent`` keeps the database in a file there (see `resume`).
         """
         if not synapse_available():
             raise SynapseStartError(
@@ -206,7 +234,9 @@ class SynapseServer:
         # A port picked free can be taken before Synapse binds it; try a few.
         for _ in range(3):
             try:
-                server = cls._start_once(workdir, server_name, startup_timeout, python)
+                server = cls._start_once(
+                    workdir, server_name, startup_timeout, python, persistent=persistent
+                )
             except SynapseStartError as exc:
                 last_error = exc
                 if "Address already in use" not in exc.log_tail:
@@ -221,26 +251,26 @@ class SynapseServer:
 
     @classmethod
     def _start_once(
-        cls, workdir: Path, server_name: str, startup_timeout: float, python: str
+        cls,
+        workdir: Path,
+        server_name: str,
+        startup_timeout: float,
+        python: str,
+        *,
+        persistent: bool = False,
     ) -> SynapseServer:
         port = _free_port()
         (workdir / "media").mkdir(exist_ok=True)
         _write_signing_key(workdir / "signing.key")
         config_path = workdir / "homeserver.yaml"
         config_path.write_text(
-            json.dumps(synapse_config(workdir, port=port, server_name=server_name), indent=2)
-        )
-        log_path = workdir / "synapse.log"
-        started = time.monotonic()
-        with log_path.open("ab") as log_file:
-            process = subprocess.Popen(
-                [python, "-m", "synapse.app.homeserver", "--config-path", str(config_path)],
-                cwd=workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own process group: stop() kills it whole
+            json.dumps(
+                synapse_config(workdir, port=port, server_name=server_name, persistent=persistent),
+                indent=2,
             )
+        )
+        started = time.monotonic()
+        process = _launch(workdir, python)
         server = cls(
             base_url=f"http://127.0.0.1:{port}",
             server_name=server_name,
@@ -248,6 +278,7 @@ class SynapseServer:
             directory=workdir,
             process=process,
             start_seconds=0.0,
+            _python=python,
         )
         try:
             server._wait_ready(started + startup_timeout)
@@ -286,6 +317,38 @@ class SynapseServer:
                 if time.monotonic() > deadline:
                     raise SynapseStartError("Synapse did not become ready in time", self.log_tail())
                 time.sleep(0.05)
+
+    def halt(self) -> None:
+        """Terminate the server's processes, keeping its directory (`resume` starts it)."""
+        self._terminate()
+
+    def resume(self, startup_timeout: float = 90.0) -> None:
+        """Start a halted server again from the same config (same port).
+
+        Only a ``persistent`` server comes back with its users and rooms; an
+        in-memory one comes back empty.
+        """
+        if self.process.poll() is None:
+            raise RuntimeError("the server is running; halt() it first")
+        started = time.monotonic()
+        self.process = _launch(self.directory, self._python)
+        try:
+            self._wait_ready(started + startup_timeout)
+        except BaseException:
+            self._terminate()
+            raise
+
+    async def ahalt(self) -> None:
+        """`halt` from async code, without blocking the event loop."""
+        import asyncio
+
+        await asyncio.to_thread(self.halt)
+
+    async def aresume(self, startup_timeout: float = 90.0) -> None:
+        """`resume` from async code, without blocking the event loop."""
+        import asyncio
+
+        await asyncio.to_thread(self.resume, startup_timeout)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

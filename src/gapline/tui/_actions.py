@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING
 from textual.widgets import Input
 
 from gapline.history import (
+    CancelSend,
     EditMessage,
     EventItem,
     MarkRead,
     OpenThread,
     RedactEvent,
+    RetrySend,
     SendMessage,
     SendReaction,
     SetTyping,
@@ -75,8 +77,23 @@ class RowActions:
 
     def action_delete(self: GaplineApp) -> None:
         item = self._selected_event()
-        if item is not None and self.room_id is not None and not item.redacted:
-            self.command(RedactEvent(self.room_id, item.event_id))
+        if item is None or self.room_id is None or item.redacted:
+            return
+        if item.send_state is not None:
+            # Not on the server yet: drop it from the send queue instead.
+            self.command(CancelSend(self.room_id, item.id))
+            return
+        self.command(RedactEvent(self.room_id, item.event_id))
+
+    def action_retry_send(self: GaplineApp) -> None:
+        """Send a message the homeserver refused again."""
+        item = self._selected_event()
+        if item is None or self.room_id is None:
+            return
+        if item.send_state is None or item.send_state.message is None:
+            self.notice("only a message that was not sent can be retried")
+            return
+        self.command(RetrySend(self.room_id, item.id))
 
     def action_react(self: GaplineApp) -> None:
         item = self._selected_event()

@@ -70,7 +70,14 @@ from gapline.history import Event as EngineEventValue
 from gapline.history.rooms import RoomDirectory, RoomSummary
 from gapline.tui._actions import PLACEHOLDER, RowActions
 from gapline.tui._encryption import LOCK, CryptoView, device_list, room_encrypted
-from gapline.tui._text import FillProgress, recent_label, sender_colour, sender_label, typing_label
+from gapline.tui._text import (
+    FillProgress,
+    queue_label,
+    recent_label,
+    sender_colour,
+    sender_label,
+    typing_label,
+)
 from gapline.tui._timeline import TimelineView
 
 log = logging.getLogger(__name__)
@@ -154,6 +161,7 @@ class GaplineApp(RowActions, App[int]):
         Binding("a", "reply", "Reply", show=False),
         Binding("e", "edit", "Edit", show=False),
         Binding("d", "delete", "Delete", show=False),
+        Binding("R", "retry_send", "Retry send", show=False),
         Binding("plus", "react", "React", show=False),
         Binding("t", "thread", "Thread", show=False),
         Binding("m", "members", "Members", show=False),
@@ -572,7 +580,10 @@ class GaplineApp(RowActions, App[int]):
             title.update(f"{label} / thread · esc back to the room")
         state = self.mirror.state.recent(self.room_id)
         status.set_class(state.kind is RecentHistoryKind.Failed, "-failed")
-        status.update(recent_label(state, report=self.mirror.state.repairs.get(self.room_id)))
+        text = recent_label(state, report=self.mirror.state.repairs.get(self.room_id))
+        queue = self.mirror.send_queue
+        queued = queue_label(queue.pending, queue.failed)
+        status.update(text if queued is None else f"{text} · {queued}")
 
     def _names(self) -> dict[str, str | None]:
         if self.room_id is None:

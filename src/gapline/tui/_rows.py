@@ -2,7 +2,9 @@
 
 An event row is its sender (display name, in a colour of its own per user), its
 time and text, and around it what the cache made of the event: the reply it
-quotes above, its reaction chips and its thread's summary below. A gap row is a
+quotes above, its reaction chips and its thread's summary below. A message of
+this account still in the send queue is dimmed with "… sending" beside it, or,
+refused for good, says why below with the keys that retry or discard it. A gap row is a
 rule with the gap's state in words; the read marker is the unread divider.
 """
 
@@ -20,6 +22,7 @@ from gapline.tui._text import (
     gap_label,
     reactions_line,
     reply_line,
+    send_line,
     sender_colour,
     sender_label,
     thread_line,
@@ -78,9 +81,16 @@ class EventRow(Row):
             sender_label(item.sender, item.sender_name), style=f"bold {sender_colour(item.sender)}"
         )
         line.append("  ")
-        line.append(body, style="italic " + muted if placeholder else "")
+        sending = send_line(item)
+        line.append(body, style="italic " + muted if placeholder or sending else "")
         if item.edited and not item.redacted:
             line.append(" (edited)", style=muted)
+        if sending is not None:
+            failed = item.send_state is not None and item.send_state.message is not None
+            if failed:
+                line.append(f"\n{INDENT}{sending}", style="bold red")
+            else:
+                line.append(f"  {sending}", style=muted)
         chips = reactions_line(item, self._view.me)
         if chips is not None:
             line.append(f"\n{INDENT}{chips}")

@@ -22,6 +22,7 @@ from gapline.history import (
     RepairPhase,
     RepairStop,
     ReplyStatus,
+    SendStateKind,
     TimelineItem,
 )
 from gapline.tui._encryption import utd_words
@@ -33,9 +34,11 @@ __all__ = [
     "event_time",
     "gap_label",
     "item_line",
+    "queue_label",
     "reactions_line",
     "recent_label",
     "reply_line",
+    "send_line",
     "sender_colour",
     "sender_label",
     "thread_line",
@@ -171,6 +174,27 @@ def thread_line(item: EventItem) -> str | None:
     return text + " · t to open"
 
 
+def send_line(item: EventItem) -> str | None:
+    """Where a message of this account that the server has not ordered yet stands
+    (``None`` for an event the server has)."""
+    state = item.send_state
+    if state is None:
+        return None
+    if state.kind is SendStateKind.Failed:
+        return f"✗ not sent: {state.message} · R to retry · d to discard"
+    return "… sending"
+
+
+def queue_label(pending: int, failed: int) -> str | None:
+    """The status line's words for the send queue (``None`` when it is empty)."""
+    parts = []
+    if pending:
+        parts.append(f"{_plural(pending, 'message')} queued")
+    if failed:
+        parts.append(f"{failed} not sent")
+    return " · ".join(parts) or None
+
+
 def typing_label(users: Sequence[str], names: dict[str, str | None] | None = None) -> str:
     """Who is typing, in words (empty when nobody is)."""
     names = names or {}
@@ -226,7 +250,16 @@ def item_line(
             edited = " (edited)" if item.edited and not item.redacted else ""
             who = sender_label(item.sender, item.sender_name)
             line = f"{event_time(item, tz)} {who}: {body}{edited}"
-            extras = [x for x in (reply_line(item), reactions_line(item), thread_line(item)) if x]
+            extras = [
+                x
+                for x in (
+                    reply_line(item),
+                    reactions_line(item),
+                    thread_line(item),
+                    send_line(item),
+                )
+                if x
+            ]
             return " ".join([line, *(f"[{x}]" for x in extras)])
         case HistoryGapItem():
             return f"── {gap_label(item, progress=progress, report=report)} ──"
