@@ -52,7 +52,7 @@ async def gapline(
     async with (
         MatrixClient(kit.base_url, session=session, trust_env=False) as client,
         Engine.open(
-            store, client, passphrase="pw", sink=sink, sync=False, e2ee=True,
+            store, client, passphrase="pw", sink=sink, sync=False, send=True, e2ee=True,
             kdf_cost=KdfParams.cheap(),
         ) as engine,
     ):  # fmt: skip
@@ -90,6 +90,7 @@ async def test_nio_and_the_engine_read_each_other_across_a_restart(
         assert engine.crypto is not None and engine.crypto.driver is not None
         keys = engine.crypto.driver.machine.identity_keys
         assert await engine.execute(SendMessage(room, "hello from gapline")) == Ok()
+        await engine.send_queue.wait_sent(1)  # queued, then sent before the engine closes
     await nio.wait_until(lambda: "hello from gapline" in nio.bodies.values())
     async with gapline(synapse_kit, alice, store, sink) as (engine, _):
         await engine.sync_once()
@@ -100,6 +101,7 @@ async def test_nio_and_the_engine_read_each_other_across_a_restart(
         await until(engine, room, lambda r: second in r and r[second].body is not None)
         assert rows(engine, room)[first].body == "hello from nio"  # kept, decrypted
         assert await engine.execute(SendMessage(room, "gapline after the restart")) == Ok()
+        await engine.send_queue.wait_sent(1)
         secrets = [b"hello from nio", b"after the restart", b"hello from gapline",
                    b"gapline after the restart", nio_key, nio_key[:43]]  # fmt: skip
         files = [p.name for p in store.rglob("*")]
