@@ -22,7 +22,16 @@ from typing import Any
 import nio
 import vodozemac
 
-from gapline.e2ee import CryptoDriver, DecryptedEvent, KeyUpdates, RoomKey, UnableToDecrypt
+from gapline.e2ee import (
+    CryptoDriver,
+    DecryptedEvent,
+    KeyUpdates,
+    RoomKey,
+    UnableToDecrypt,
+    VerificationEvent,
+    VerificationStatus,
+    send_verification,
+)
 from gapline.matrix import ClientEvent, MatrixClient, Session, SyncResponse
 from gapline.storage import Backend, Migration, Tx, open_backend
 
@@ -60,6 +69,7 @@ class GaplineDevice:
     decrypted: dict[str, DecryptedEvent] = field(default_factory=dict)
     retained: dict[str, tuple[str, ClientEvent, UnableToDecrypt]] = field(default_factory=dict)
     healed: list[str] = field(default_factory=list)
+    verifications: list[VerificationStatus] = field(default_factory=list)  # each step's status
 
     async def start(self, homeserver: str) -> GaplineDevice:
         self.client = MatrixClient(homeserver, session=self.session, trust_env=False)
@@ -116,6 +126,12 @@ class GaplineDevice:
             ):
                 self._keep(room_id, event, result)
         self._heal(updates)
+        for raw in [*answer.to_device.events, *updates.to_device]:
+            event = VerificationEvent.from_to_device(raw)
+            if event.is_verification:
+                status = machine.verification.receive(event)
+                if status is not None:
+                    self.verifications.append(status)
         token = answer.next_batch
 
         def save_token(tx: Tx) -> None:
@@ -130,6 +146,7 @@ class GaplineDevice:
         sent = await self.driver.send_outgoing()
         self._heal(sent.updates)
         await self.driver.commit()
+        await send_verification(self.driver)
         return updates
 
     def _keep(

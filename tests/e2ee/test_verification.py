@@ -22,13 +22,18 @@ from gapline.e2ee import (
     STEP_TIMEOUT_MS,
     CancelCode,
     CryptoMachine,
+    DecryptedEvent,
+    RefusalCode,
+    SharingPolicy,
     TrustLevel,
+    UnableToDecrypt,
+    UtdReason,
     VerificationEvent,
     VerificationMessage,
     VerificationState,
 )
 
-from .harness import Clock, Peer, online
+from .harness import Clock, Peer, connected, online
 from .keyserver import KeyServer
 
 S = VerificationState
@@ -113,7 +118,7 @@ def test_two_users_verify_each_other_and_see_the_same_string(clock: Clock) -> No
     assert a.machine.verification.status(flow).signatures is None
 
 
-def test_the_mark_is_saved_and_survives_a_restart(clock: Clock) -> None:
+def test_the_mark_is_one_sealed_held_row(clock: Clock) -> None:
     a, b = _pair(clock, ("@alice:x", "A"), ("@bob:x", "B"))
     flow = _to_show_sas(a, b)
     for p, q in ((a, b), (b, a)):
@@ -382,3 +387,70 @@ def test_nio_starts_and_gapline_accepts(clock: Clock) -> None:
     nio.receive_key_event(_nio_event(KeyVerificationKey, "@alice:x", key))
     # matrix-nio checks the commitment against its own hex form; ours is the spec's base64.
     assert nio.canceled and nio.cancel_code == "m.mismatched_commitment"
+
+
+# -- trust decides sharing --------------------------------------------------------------------
+
+
+def _verify(a: Peer, b: Peer) -> None:
+    flow = _to_show_sas(a, b)
+    for p, q in ((a, b), (b, a)):
+        p.machine.verification.confirm(flow)
+        _relay(p, q)
+    _relay(a, b)
+    assert a.machine.verification.status(flow).state is S.DONE
+
+
+def test_by_default_every_device_gets_the_key_and_events_decrypt(clock: Clock) -> None:
+    server = KeyServer()
+    a, b = online(server, clock, ("@alice:x", "A"), ("@bob:x", "B"))
+    room = connected([a, b])
+    assert a.machine.sharing is SharingPolicy.ALL_DEVICES
+    assert ("@bob:x", "B") in a.share(room).shared_with
+    event = b.send(room, "hello")
+    a.sync()
+    result = a.read(room, event)
+    assert isinstance(result, DecryptedEvent) and result.trust is TrustLevel.UNSIGNED
+
+
+def test_trusted_only_shares_with_verified_devices_and_marks_the_rest_untrusted(
+    clock: Clock,
+) -> None:
+    server = KeyServer()
+    a, b = online(server, clock, ("@alice:x", "A"), ("@bob:x", "B"))
+    room = connected([a, b])
+    a.machine.sharing = SharingPolicy.TRUSTED_ONLY
+    report = a.share(room)
+    assert ("@bob:x", "B") not in report.shared_with
+    secret = a.send(room, "for verified eyes")
+    b.sync()
+    utd = b.read(room, secret)
+    assert isinstance(utd, UnableToDecrypt) and utd.reason is UtdReason.MISSING_ROOM_KEY
+    event = b.send(room, "from an unverified device")
+    a.sync()
+    untrusted = a.read(room, event)
+    assert isinstance(untrusted, UnableToDecrypt) and untrusted.reason is UtdReason.UNTRUSTED
+    assert untrusted.refusal is RefusalCode.UNVERIFIED_DEVICE
+    assert untrusted.to_wire()["UnableToDecrypt"]["reason"] == "Untrusted"
+    _verify(a, b)
+    healed = a.read(room, event)  # the same event again, now from a verified device
+    assert (
+        isinstance(healed, DecryptedEvent) and healed.content["body"] == "from an unverified device"
+    )
+    assert healed.trust is TrustLevel.VERIFIED
+    assert ("@bob:x", "B") in a.share(room).shared_with
+    later = a.send(room, "now bob reads")
+    b.sync()
+    assert b.body(room, later) == "now bob reads"
+
+
+def test_a_device_losing_trust_rotates_the_session(clock: Clock) -> None:
+    server = KeyServer()
+    a, b = online(server, clock, ("@alice:x", "A"), ("@bob:x", "B"))
+    room = connected([a, b])
+    first = a.share(room)
+    assert ("@bob:x", "B") in first.shared_with
+    a.machine.sharing = SharingPolicy.TRUSTED_ONLY
+    second = a.share(room)
+    assert second.rotated and second.session_id != first.session_id
+    assert ("@bob:x", "B") not in second.shared_with

@@ -111,6 +111,11 @@ from ._vault import (
     SecretVault,
 )
 from ._verification import FLOW_TIMEOUT_MS, STEP_TIMEOUT_MS, Verifications
+from ._verification_driver import (
+    publish_verified,
+    request_verification_in_room,
+    send_verification,
+)
 from ._verification_types import (
     CancelCode,
     VerificationEvent,
@@ -204,10 +209,13 @@ __all__ = [
     "load_state",
     "merge_updates",
     "open_machine",
+    "publish_verified",
     "recover",
     "recover_from_server",
+    "request_verification_in_room",
     "restore_backup",
     "save_changes",
+    "send_verification",
     "set_up_recovery",
     "setup_recovery",
     "sign_own_device",
