@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import nio
 import pytest
+from nio.crypto import Sas as NioSas
 
 from gapline.e2ee import (
     TrustLevel,
@@ -43,7 +44,18 @@ async def _nio_sync(n: NioDevice, cancels: list[nio.KeyVerificationCancel]) -> N
     await n.keys()
 
 
-async def _to_show_sas(g: GaplineDevice, n: NioDevice) -> tuple[str, nio.crypto.Sas]:
+async def _two_users(scene: Scene) -> tuple[GaplineDevice, NioDevice]:
+    """alice on gapline and bob on nio, in an encrypted room, each knowing the other device."""
+    alice = await scene.kit.user("alice")
+    bob = await scene.kit.user("bob")
+    await scene.encrypted_room(alice, bob)
+    g = await scene.gapline_device(alice, "alice")
+    n = await scene.nio_device(bob.user_id, "bob-nio")
+    await _know_each_other(g, n)
+    return g, n
+
+
+async def _to_show_sas(g: GaplineDevice, n: NioDevice) -> tuple[str, NioSas]:
     """gapline starts, nio accepts, keys cross; both sides hold the short string."""
     assert g.driver is not None
     status = g.machine.verification.start_sas(
@@ -63,6 +75,20 @@ async def _to_show_sas(g: GaplineDevice, n: NioDevice) -> tuple[str, nio.crypto.
     return flow, sas
 
 
+async def _both_confirm(g: GaplineDevice, n: NioDevice) -> str:
+    """Both people see the same string and confirm (nio's first: it checks our MAC only
+    once its person confirmed); both flows end verified."""
+    assert g.driver is not None
+    flow, sas = await _to_show_sas(g, n)
+    answer = await n.client.confirm_short_auth_string(flow)
+    assert isinstance(answer, nio.ToDeviceResponse), answer
+    g.machine.verification.confirm(flow)
+    await send_verification(g.driver)
+    await g.wait_until(lambda: g.machine.verification.status(flow).state is S.DONE)
+    await n.wait_until(lambda: sas.verified)
+    return flow
+
+
 async def test_a_gapline_and_a_nio_device_of_one_user_verify_and_cross_sign(
     scene: Scene,
 ) -> None:
@@ -74,13 +100,7 @@ async def test_a_gapline_and_a_nio_device_of_one_user_verify_and_cross_sign(
     await _know_each_other(g, n)
     nio_device = str(n.client.device_id)
     assert g.machine.device(alice.user_id, nio_device).trust is TrustLevel.UNSIGNED
-    flow, sas = await _to_show_sas(g, n)
-    answer = await n.client.confirm_short_auth_string(flow)  # nio's person confirms first
-    assert isinstance(answer, nio.ToDeviceResponse), answer
-    g.machine.verification.confirm(flow)
-    await send_verification(g.driver)
-    await g.wait_until(lambda: g.machine.verification.status(flow).state is S.DONE)
-    await n.wait_until(lambda: sas.verified)
+    flow = await _both_confirm(g, n)
     assert n.olm.device_store[alice.user_id][g.session.device_id].verified
     status = g.machine.verification.status(flow)
     assert status.verified_devices == (nio_device,) and status.signatures is not None
@@ -91,32 +111,17 @@ async def test_a_gapline_and_a_nio_device_of_one_user_verify_and_cross_sign(
 
 
 async def test_a_gapline_user_verifies_a_nio_user(scene: Scene) -> None:
-    alice = await scene.kit.user("alice")
-    bob = await scene.kit.user("bob")
-    await scene.encrypted_room(alice, bob)
-    g = await scene.gapline_device(alice, "alice")
-    n = await scene.nio_device(bob.user_id, "bob-nio")
-    await _know_each_other(g, n)
-    flow, sas = await _to_show_sas(g, n)
-    await n.client.confirm_short_auth_string(flow)
-    g.machine.verification.confirm(flow)
-    assert g.driver is not None
-    await send_verification(g.driver)
-    await g.wait_until(lambda: g.machine.verification.status(flow).state is S.DONE)
-    await n.wait_until(lambda: sas.verified)
-    assert g.machine.device(bob.user_id, str(n.client.device_id)).trust is TrustLevel.VERIFIED
-    assert n.olm.device_store[alice.user_id][g.session.device_id].verified
+    g, n = await _two_users(scene)
+    flow = await _both_confirm(g, n)
+    bob = n.client.user_id
+    assert g.machine.device(bob, str(n.client.device_id)).trust is TrustLevel.VERIFIED
+    assert n.olm.device_store[g.session.user_id][g.session.device_id].verified
     # Bob has no cross-signing keys: the mark is all there is, nothing to sign.
     assert g.machine.verification.status(flow).signatures is None
 
 
 async def test_a_mismatch_cancels_on_both_sides(scene: Scene) -> None:
-    alice = await scene.kit.user("alice")
-    bob = await scene.kit.user("bob")
-    await scene.encrypted_room(alice, bob)
-    g = await scene.gapline_device(alice, "alice")
-    n = await scene.nio_device(bob.user_id, "bob-nio")
-    await _know_each_other(g, n)
+    g, n = await _two_users(scene)
     assert g.driver is not None
     # gapline's person says the strings differ: nio receives m.mismatched_sas.
     flow, sas = await _to_show_sas(g, n)
@@ -135,5 +140,5 @@ async def test_a_mismatch_cancels_on_both_sides(scene: Scene) -> None:
     await g.wait_until(lambda: g.machine.verification.status(flow2).state is S.CANCELLED)
     status = g.machine.verification.status(flow2)
     assert status.cancel_code == "m.mismatched_sas" and not status.cancelled_by_us
-    device = g.machine.device(bob.user_id, str(n.client.device_id))
+    device = g.machine.device(n.client.user_id, str(n.client.device_id))
     assert device is not None and device.trust is TrustLevel.UNSIGNED
