@@ -6,6 +6,8 @@ starter against a client that follows the spec's commitment encoding)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import nio
 import pytest
 from nio.crypto import Sas as NioSas
@@ -142,3 +144,53 @@ async def test_a_mismatch_cancels_on_both_sides(scene: Scene) -> None:
     assert status.cancel_code == "m.mismatched_sas" and not status.cancelled_by_us
     device = g.machine.device(n.client.user_id, str(n.client.device_id))
     assert device is not None and device.trust is TrustLevel.UNSIGNED
+
+
+async def _pump(devices: tuple[GaplineDevice, ...], done: Callable[[], bool]) -> None:
+    for _ in range(30):
+        if done():
+            return
+        for d in devices:
+            await d.sync(timeout_ms=200)
+    raise AssertionError("the verification did not get there")
+
+
+async def test_two_gapline_users_verify_through_a_request_and_sign_each_others_master_key(
+    scene: Scene,
+) -> None:
+    alice = await scene.kit.user("alice")
+    bob = await scene.kit.user("bob")
+    await scene.encrypted_room(alice, bob)
+    a = await scene.gapline_device(alice, "alice")
+    b = await scene.gapline_device(bob, "bob")
+    for d in (a, b):
+        assert d.driver is not None
+        await bootstrap_cross_signing(d.driver, password="password")
+    va, vb = a.machine.verification, b.machine.verification
+    both = (a, b)
+    a.machine.update_tracked_users([bob.user_id])
+    b.machine.update_tracked_users([alice.user_id])
+    await _pump(both, lambda: a.machine.device(bob.user_id, bob.device_id) is not None
+                and b.machine.device(alice.user_id, alice.device_id) is not None)  # fmt: skip
+    assert a.machine.device(bob.user_id, bob.device_id).trust is TrustLevel.CROSS_SIGNED
+    flow = va.request(bob.user_id).flow_id
+    await _pump(both, lambda: any(s.flow_id == flow for s in vb.flows()))
+    vb.accept(flow)
+    await _pump(both, lambda: va.status(flow).state is S.READY)
+    va.start_sas(flow)
+    await _pump(both, lambda: va.status(flow).state is S.SHOW_SAS
+                and vb.status(flow).state is S.SHOW_SAS)  # fmt: skip
+    assert va.status(flow).short_string == vb.status(flow).short_string
+    va.confirm(flow)
+    vb.confirm(flow)
+    await _pump(both, lambda: va.status(flow).state is S.DONE and vb.status(flow).state is S.DONE)
+    for me, other in ((a, bob), (b, alice)):
+        status = me.machine.verification.status(flow)
+        assert status.verified_master_key is not None  # the MAC covered their master key
+        assert not me.machine.cross_signing.user_verified(other.user_id)
+        assert me.driver is not None and await publish_verified(me.driver, status)
+        # Their master key now carries our user-signing key's signature, as the server
+        # lists it: their cross-signed devices are VERIFIED through cross-signing.
+        assert me.machine.cross_signing.user_verified(other.user_id)
+        device = me.machine.device(other.user_id, other.device_id)
+        assert device is not None and device.trust is TrustLevel.VERIFIED
