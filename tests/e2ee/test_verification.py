@@ -4,6 +4,7 @@ matrix-nio's own SAS implementation (no server: the messages are handed across).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,8 @@ from nio.events import (
 )
 
 from gapline.e2ee import (
+    E2EE_MIGRATIONS,
+    E2EE_SCHEMA,
     EMOJI,
     FLOW_TIMEOUT_MS,
     STEP_TIMEOUT_MS,
@@ -31,7 +34,10 @@ from gapline.e2ee import (
     VerificationEvent,
     VerificationMessage,
     VerificationState,
+    open_machine,
+    save_changes,
 )
+from gapline.storage import Tx, open_backend
 
 from .harness import Clock, Peer, connected, online
 from .keyserver import KeyServer
@@ -118,15 +124,31 @@ def test_two_users_verify_each_other_and_see_the_same_string(clock: Clock) -> No
     assert a.machine.verification.status(flow).signatures is None
 
 
-def test_the_mark_is_one_sealed_held_row(clock: Clock) -> None:
+async def test_the_mark_is_one_sealed_row_and_survives_a_restart(
+    clock: Clock, tmp_path: Path
+) -> None:
     a, b = _pair(clock, ("@alice:x", "A"), ("@bob:x", "B"))
     flow = _to_show_sas(a, b)
     for p, q in ((a, b), (b, a)):
         p.machine.verification.confirm(flow)
         _relay(p, q)
-    changes = a.machine.take_changes()
-    assert [s.name for s in changes.secrets] == ["gapline.verified_marks"]
-    assert b"bob" not in changes.secrets[0].sealed  # sealed like every held secret
+    last = a.commit()
+    assert [s.name for s in last.secrets] == ["gapline.verified_marks"]
+    assert b"bob" not in last.secrets[0].sealed  # sealed like every held secret
+    backend = await open_backend(str(tmp_path / "e2ee.db"))
+    try:
+        await backend.migrate(E2EE_SCHEMA, E2EE_MIGRATIONS)
+
+        def save(tx: Tx) -> None:
+            for changes in a.saved:
+                save_changes(tx, changes)
+
+        await backend.write(save)
+        again = await open_machine(backend, a.store_key, user_id="@alice:x", device_id="A")
+        device = again.device("@bob:x", "B")
+        assert device is not None and device.trust is TrustLevel.VERIFIED
+    finally:
+        await backend.close()
 
 
 def test_mismatch_cancels_on_both_sides(clock: Clock) -> None:
@@ -202,12 +224,16 @@ def test_a_flow_not_done_in_ten_minutes_times_out_even_while_the_person_looks(
     clock: Clock,
 ) -> None:
     a, b = _pair(clock, ("@alice:x", "A"), ("@bob:x", "B"))
-    _to_show_sas(a, b)
+    flow = _to_show_sas(a, b)
     clock.advance(FLOW_TIMEOUT_MS - STEP_TIMEOUT_MS)  # showing the string: no 1-minute rule
     assert a.machine.verification.expire() == []
     clock.advance(STEP_TIMEOUT_MS)
     assert [s.cancel_code for s in a.machine.verification.expire()] == ["m.timeout"]
     assert _relay(a, b)[0].cancel_code == "m.timeout"
+    clock.advance(FLOW_TIMEOUT_MS)  # ended flows are kept ten minutes more, then forgotten
+    assert [s.flow_id for s in a.machine.verification.flows()] == [flow]
+    a.machine.verification.expire()
+    assert a.machine.verification.flows() == []
 
 
 def test_a_stale_request_is_ignored(clock: Clock) -> None:

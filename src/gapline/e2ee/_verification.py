@@ -242,8 +242,14 @@ class Verifications:
         return self._status(flow)
 
     def expire(self) -> list[VerificationStatus]:
-        """Cancel (``m.timeout``) the flows past the 10-minute or 1-minute rule."""
+        """Cancel (``m.timeout``) the flows past the 10-minute or 1-minute rule.
+
+        Ended flows are kept for a status and for late events for 10 minutes more, then
+        forgotten (any flow has ended 10 minutes after it began)."""
         now = self._clock()
+        for flow_id in [f.flow_id for f in self._flows.values()
+                        if now - f.began_ms >= 2 * FLOW_TIMEOUT_MS]:  # fmt: skip
+            del self._flows[flow_id]
         out = []
         for flow in self._flows.values():
             if flow.state not in _ACTIVE:
