@@ -120,14 +120,20 @@ class GaplineDevice:
         updates = machine.receive_sync(
             answer, initial=self.since is None
         )  # to-device first: keys for this sync's events
+        room_events: list[VerificationEvent] = []
         for room_id, events in encrypted.items():
             for event, result in zip(
                 events, machine.decrypt_room_events(room_id, events), strict=True
             ):
                 self._keep(room_id, event, result)
+                if isinstance(result, DecryptedEvent):
+                    room_events.append(VerificationEvent.from_room(room_id, event, result))
+        for room_id, room in answer.rooms.join.items():
+            plain = [e for e in room.timeline.events if e.type != "m.room.encrypted"]
+            room_events.extend(VerificationEvent.from_room(room_id, e) for e in plain)
         self._heal(updates)
-        for raw in [*answer.to_device.events, *updates.to_device]:
-            event = VerificationEvent.from_to_device(raw)
+        to_device = [*answer.to_device.events, *updates.to_device]
+        for event in [*map(VerificationEvent.from_to_device, to_device), *room_events]:
             if event.is_verification:
                 status = machine.verification.receive(event)
                 if status is not None:

@@ -17,8 +17,10 @@ from gapline.e2ee import (
     VerificationState,
     bootstrap_cross_signing,
     publish_verified,
+    request_verification_in_room,
     send_verification,
 )
+from gapline.matrix import Session
 
 from . import test_synapse_nio
 from .synapse_peers import GaplineDevice, NioDevice
@@ -155,36 +157,51 @@ async def _pump(devices: tuple[GaplineDevice, ...], done: Callable[[], bool]) ->
     raise AssertionError("the verification did not get there")
 
 
-async def test_two_gapline_users_verify_through_a_request_and_sign_each_others_master_key(
-    scene: Scene,
-) -> None:
+async def _gapline_users(scene: Scene) -> tuple[GaplineDevice, GaplineDevice, str]:
+    """alice and bob, each on a gapline device, in an encrypted room, knowing each other."""
     alice = await scene.kit.user("alice")
     bob = await scene.kit.user("bob")
-    await scene.encrypted_room(alice, bob)
+    room = await scene.encrypted_room(alice, bob)
     a = await scene.gapline_device(alice, "alice")
     b = await scene.gapline_device(bob, "bob")
-    for d in (a, b):
-        assert d.driver is not None
-        await bootstrap_cross_signing(d.driver, password="password")
-    va, vb = a.machine.verification, b.machine.verification
-    both = (a, b)
-    a.machine.update_tracked_users([bob.user_id])
-    b.machine.update_tracked_users([alice.user_id])
-    await _pump(both, lambda: a.machine.device(bob.user_id, bob.device_id) is not None
+    await _pump((a, b), lambda: a.machine.device(bob.user_id, bob.device_id) is not None
                 and b.machine.device(alice.user_id, alice.device_id) is not None)  # fmt: skip
-    assert a.machine.device(bob.user_id, bob.device_id).trust is TrustLevel.CROSS_SIGNED
-    flow = va.request(bob.user_id).flow_id
-    await _pump(both, lambda: any(s.flow_id == flow for s in vb.flows()))
+    return a, b, room
+
+
+async def _ready_to_done(a: GaplineDevice, b: GaplineDevice, flow: str) -> None:
+    """b accepts a's request, a starts, both compare the same string and confirm."""
+    va, vb = a.machine.verification, b.machine.verification
+    await _pump((a, b), lambda: any(s.flow_id == flow for s in vb.flows()))
     vb.accept(flow)
-    await _pump(both, lambda: va.status(flow).state is S.READY)
+    await _pump((a, b), lambda: va.status(flow).state is S.READY)
     va.start_sas(flow)
-    await _pump(both, lambda: va.status(flow).state is S.SHOW_SAS
+    await _pump((a, b), lambda: va.status(flow).state is S.SHOW_SAS
                 and vb.status(flow).state is S.SHOW_SAS)  # fmt: skip
     assert va.status(flow).short_string == vb.status(flow).short_string
     va.confirm(flow)
     vb.confirm(flow)
-    await _pump(both, lambda: va.status(flow).state is S.DONE and vb.status(flow).state is S.DONE)
-    for me, other in ((a, bob), (b, alice)):
+    await _pump((a, b), lambda: va.status(flow).state is S.DONE
+                and vb.status(flow).state is S.DONE)  # fmt: skip
+
+
+async def test_two_gapline_users_verify_through_a_request_and_sign_each_others_master_key(
+    scene: Scene,
+) -> None:
+    a, b, _room = await _gapline_users(scene)
+    for d in (a, b):
+        assert d.driver is not None
+        await bootstrap_cross_signing(d.driver, password="password")
+
+    def cross_signed(me: GaplineDevice, other: Session) -> bool:
+        device = me.machine.device(other.user_id, other.device_id)
+        return device is not None and device.trust is TrustLevel.CROSS_SIGNED
+
+    # Each sees the other's device signed by its owner, not yet verified by itself.
+    await _pump((a, b), lambda: cross_signed(a, b.session) and cross_signed(b, a.session))
+    flow = a.machine.verification.request(b.session.user_id).flow_id
+    await _ready_to_done(a, b, flow)
+    for me, other in ((a, b.session), (b, a.session)):
         status = me.machine.verification.status(flow)
         assert status.verified_master_key is not None  # the MAC covered their master key
         assert not me.machine.cross_signing.user_verified(other.user_id)
@@ -192,5 +209,20 @@ async def test_two_gapline_users_verify_through_a_request_and_sign_each_others_m
         # Their master key now carries our user-signing key's signature, as the server
         # lists it: their cross-signed devices are VERIFIED through cross-signing.
         assert me.machine.cross_signing.user_verified(other.user_id)
+        device = me.machine.device(other.user_id, other.device_id)
+        assert device is not None and device.trust is TrustLevel.VERIFIED
+
+
+async def test_two_gapline_users_verify_in_an_encrypted_room(scene: Scene) -> None:
+    a, b, room = await _gapline_users(scene)
+    assert a.driver is not None
+    flow = (await request_verification_in_room(a.driver, room, b.session.user_id)).flow_id
+    await _ready_to_done(a, b, flow)
+    assert b.machine.verification.status(flow).room_id == room
+    # Every step after the request crossed the room encrypted, relating to the request.
+    steps = {d.type for d in b.decrypted.values()} | {d.type for d in a.decrypted.values()}
+    assert {f"m.key.verification.{k}" for k in ("ready", "start", "accept", "key", "mac",
+                                                "done")} <= steps  # fmt: skip
+    for me, other in ((a, b.session), (b, a.session)):
         device = me.machine.device(other.user_id, other.device_id)
         assert device is not None and device.trust is TrustLevel.VERIFIED

@@ -69,10 +69,14 @@ class VerificationEvent:
         return cls(event.sender, event.type, dict(event.content), sender_device=device)
 
     @classmethod
-    def from_room(cls, room_id: str, event: ClientEvent | DecryptedEvent) -> VerificationEvent:
-        ts = event.origin_server_ts if isinstance(event, ClientEvent) else None
-        return cls(event.sender, event.type, dict(event.content), room_id, event.event_id,
-                   origin_server_ts=ts)  # fmt: skip
+    def from_room(
+        cls, room_id: str, event: ClientEvent, decrypted: DecryptedEvent | None = None
+    ) -> VerificationEvent:
+        """A room event, or (``decrypted``) what an encrypted one decrypted to."""
+        kind, content = (event.type, event.content) if decrypted is None else (
+            decrypted.type, decrypted.content)  # fmt: skip
+        return cls(event.sender, kind, dict(content), room_id, event.event_id,
+                   origin_server_ts=event.origin_server_ts)  # fmt: skip
 
     @property
     def is_verification(self) -> bool:
