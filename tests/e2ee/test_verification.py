@@ -480,3 +480,26 @@ def test_a_device_losing_trust_rotates_the_session(clock: Clock) -> None:
     second = a.share(room)
     assert second.rotated and second.session_id != first.session_id
     assert ("@bob:x", "B") not in second.shared_with
+
+
+def test_when_both_sides_start_the_smaller_user_and_device_wins(clock: Clock) -> None:
+    a, b = _pair(clock, ("@alice:x", "A"), ("@bob:x", "B"))
+    va, vb = a.machine.verification, b.machine.verification
+    flow = va.request("@bob:x", ("B",)).flow_id
+    _relay(a, b)
+    vb.accept(flow)
+    _relay(b, a)
+    va.start_sas(flow)
+    vb.start_sas(flow)  # both at once: their starts cross
+    from_a, from_b = _events(a.machine, b.machine), _events(b.machine, a.machine)
+    for e in from_b:
+        va.receive(e)  # bob's start is ignored: alice's (the smaller) stands
+    assert va.status(flow).state is S.STARTED and va.status(flow).we_started
+    assert va.take_outgoing() == []
+    for e in from_a:
+        vb.receive(e)  # bob gives his up and accepts alice's
+    assert vb.status(flow).state is S.ACCEPTED and not vb.status(flow).we_started
+    _relay(b, a)
+    _relay(a, b)
+    _relay(b, a)
+    assert va.status(flow).short_string == vb.status(flow).short_string is not None
