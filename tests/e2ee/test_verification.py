@@ -82,15 +82,21 @@ def _trust(viewer: Peer, of: Peer) -> TrustLevel:
     return device.trust
 
 
+def _ready(a: Peer, b: Peer) -> str:
+    """A asks B over to-device, B's person agrees: both ready."""
+    flow = a.machine.verification.request(b.machine.user_id, (b.machine.device_id,)).flow_id
+    _relay(a, b)
+    assert b.machine.verification.status(flow).state is S.REQUESTED
+    b.machine.verification.accept(flow)
+    _relay(b, a)
+    return flow
+
+
 def _to_show_sas(a: Peer, b: Peer) -> str:
     """A requests, B readies, A starts, B accepts, keys cross: both show the short string."""
     va, vb = a.machine.verification, b.machine.verification
-    flow = va.request(b.machine.user_id, (b.machine.device_id,)).flow_id
-    _relay(a, b)
-    assert vb.status(flow).state is S.REQUESTED
-    vb.accept(flow)
-    _relay(b, a)
-    assert va.status(flow).state is S.READY
+    flow = _ready(a, b)
+    assert va.status(flow).state is S.READY and vb.status(flow).state is S.READY
     va.start_sas(flow)
     _relay(a, b)  # start: b accepts at once, the person agreed with the request
     assert vb.status(flow).state is S.ACCEPTED
@@ -165,11 +171,8 @@ def test_mismatch_cancels_on_both_sides(clock: Clock) -> None:
 
 def test_a_key_that_breaks_the_commitment_is_refused(clock: Clock) -> None:
     a, b = _pair(clock, ("@alice:x", "A"), ("@bob:x", "B"))
-    va, vb = a.machine.verification, b.machine.verification
-    flow = va.request("@bob:x", ("B",)).flow_id
-    _relay(a, b)
-    vb.accept(flow)
-    _relay(b, a)
+    va = a.machine.verification
+    flow = _ready(a, b)
     va.start_sas(flow)
     _relay(a, b)
     _relay(b, a)
@@ -485,10 +488,7 @@ def test_a_device_losing_trust_rotates_the_session(clock: Clock) -> None:
 def test_when_both_sides_start_the_smaller_user_and_device_wins(clock: Clock) -> None:
     a, b = _pair(clock, ("@alice:x", "A"), ("@bob:x", "B"))
     va, vb = a.machine.verification, b.machine.verification
-    flow = va.request("@bob:x", ("B",)).flow_id
-    _relay(a, b)
-    vb.accept(flow)
-    _relay(b, a)
+    flow = _ready(a, b)
     va.start_sas(flow)
     vb.start_sas(flow)  # both at once: their starts cross
     from_a, from_b = _events(a.machine, b.machine), _events(b.machine, a.machine)
