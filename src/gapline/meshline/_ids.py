@@ -20,6 +20,8 @@ from gapline.meshline._errors import BadRequest
 from gapline.meshline._ripemd160 import ripemd160
 
 __all__ = [
+    "b58decode",
+    "b58encode",
     "DEVICE_ID_RE",
     "MESSAGE_ID_RE",
     "RELAY_ID_RE",
@@ -50,7 +52,7 @@ def _hash160(data: bytes) -> bytes:
     return ripemd160(hashlib.sha256(data).digest())
 
 
-def _b58encode(data: bytes) -> str:
+def b58encode(data: bytes) -> str:
     n = int.from_bytes(data, "big")
     out = []
     while n:
@@ -83,7 +85,7 @@ def neo_account_id(public_key: bytes, context: NetworkContext) -> str:
     """``neo:<magic>:<address>`` for a compressed P-256 public key."""
     payload = bytes([_NEO_ADDRESS_VERSION]) + neo_script_hash(public_key)
     checksum = hashlib.sha256(hashlib.sha256(payload).digest()).digest()[:4]
-    return f"neo:{context.magic}:{_b58encode(payload + checksum)}"
+    return f"neo:{context.magic}:{b58encode(payload + checksum)}"
 
 
 def relay_id_from_public_key(public_key: bytes) -> str:
