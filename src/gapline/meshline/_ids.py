@@ -20,12 +20,11 @@ from gapline.meshline._errors import BadRequest
 from gapline.meshline._ripemd160 import ripemd160
 
 __all__ = [
-    "b58decode",
-    "b58encode",
     "DEVICE_ID_RE",
     "MESSAGE_ID_RE",
     "RELAY_ID_RE",
     "b58decode",
+    "b58encode",
     "check_account_id",
     "check_device_id",
     "check_message_id",

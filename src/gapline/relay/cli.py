@@ -269,6 +269,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long shutdown waits for in-flight requests",
     )
+    serve.add_argument(
+        "--p2p-listen",
+        type=_listen,
+        metavar="HOST:PORT",
+        help="serve the libp2p TCP listener other relays reach (relay RPC); needs "
+        "--registry-file; the descriptor lists it only while it is bound",
+    )
+    serve.add_argument(
+        "--bootstrap",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
+        help="a relay to dial at start, /ip4/HOST/tcp/PORT/p2p/PEER_ID (repeatable)",
+    )
+    serve.add_argument(
+        "--registry-file",
+        type=Path,
+        metavar="FILE",
+        help="JSON file of signed registry records: which relays are active (docs/relay.md)",
+    )
     add_log_flags(serve)
 
 
@@ -298,9 +318,17 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
         ("--relay-key", args.relay_key),
         ("--tls-cert", args.tls_cert),
         ("--tls-key", args.tls_key),
+        ("--registry-file", args.registry_file),
     ):
         if path is not None and not path.is_file():
             raise CommandError(f"{flag} {path}: no such file", Exit.USAGE)
+    if args.p2p_listen is not None and args.registry_file is None:
+        raise CommandError("--p2p-listen needs --registry-file", Exit.USAGE)
+    if args.bootstrap and args.p2p_listen is None:
+        raise CommandError("--bootstrap needs --p2p-listen", Exit.USAGE)
+    for addr in args.bootstrap:
+        if "/p2p/" not in addr:
+            raise CommandError(f"--bootstrap {addr}: must end in /p2p/PEER_ID", Exit.USAGE)
     host, port = args.listen
     try:
         config = RelayConfig(
@@ -324,6 +352,9 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
             delivery_age_limit=args.delivery_age_limit,
             page_limit=args.page_limit,
             shutdown_timeout=args.shutdown_timeout,
+            p2p_listen=args.p2p_listen,
+            bootstrap=tuple(args.bootstrap),
+            registry_file=args.registry_file,
             **{field: getattr(args, _field_of(flag)) for flag, field, *_ in _LIMITS},
         )
     except ValueError as exc:

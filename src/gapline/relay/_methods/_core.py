@@ -35,6 +35,8 @@ class RelayCore:
         self.context = config.network_context
         self.relay_id = key.relay_id()
         self.base_url = self.ws_url = self.origin = ""
+        # The libp2p TCP addresses actually served (set once the listener is bound).
+        self.p2p_endpoints: tuple[str, ...] = ()
         self.on_url_changed: list[Callable[[], None]] = []
         if config.public_url or config.port:
             self.set_url(config.url)  # else: set once the listening port is known
@@ -53,6 +55,11 @@ class RelayCore:
         self.base_url = url
         self.ws_url = ("wss" + url[5:]) if url.startswith("https") else ("ws" + url[4:])
         self.origin = relay_origin(url)
+        for changed in self.on_url_changed:
+            changed()
+
+    def set_p2p_endpoints(self, endpoints: tuple[str, ...]) -> None:
+        self.p2p_endpoints = endpoints
         for changed in self.on_url_changed:
             changed()
 

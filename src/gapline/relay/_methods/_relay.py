@@ -28,10 +28,11 @@ class Relay(RelayCore):
 
     def __init__(self, config: RelayConfig, store: TimelineStore, key: AccountKey) -> None:
         super().__init__(config, store, key)
-        access = AccessReader(self)
+        access = self.access = AccessReader(self)
         self.routes = RouteMethods(self)
+        self.info = InfoMethods(self)
         families = (
-            InfoMethods(self),
+            self.info,
             AuthMethods(self),
             DeviceStateMethods(self, access),
             ProfileMethods(self, access),

@@ -30,7 +30,7 @@ from gapline.relay._p2p._noise import HandshakeState, NoiseError, StaticKey
 from gapline.relay._p2p._protobuf import ProtoError
 from gapline.relay._p2p._yamux import StreamReset, YamuxError, YamuxSession, YamuxStream
 
-__all__ = ["Connection", "P2pHost", "PeerRejected", "VerifiedPeer"]
+__all__ = ["DIAL_FAILURES", "Connection", "P2pHost", "PeerRejected", "VerifiedPeer"]
 
 log = logging.getLogger("gapline.relay.p2p")
 
@@ -41,6 +41,18 @@ HANDSHAKE_TIMEOUT = 10.0
 
 class PeerRejected(Exception):
     """The peer's identity did not verify: the connection was closed."""
+
+
+# What dialling a peer may fail with (besides cancellation): all mean "not connected".
+DIAL_FAILURES = (
+    NoiseError,
+    ProtoError,
+    MultistreamError,
+    PeerRejected,
+    TimeoutError,
+    OSError,
+    StreamReset,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,14 +225,7 @@ class P2pHost:
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
                 conn = await self._upgrade(tcp, initiator=False, expected_peer=None)
-        except (
-            NoiseError,
-            ProtoError,
-            MultistreamError,
-            PeerRejected,
-            TimeoutError,
-            ConnectionError,
-        ) as exc:
+        except DIAL_FAILURES as exc:
             log.warning("inbound libp2p connection refused: %s", exc)
             writer.close()
             return

@@ -164,6 +164,7 @@ class YamuxSession:
         self._inbound: asyncio.Queue[YamuxStream | None] = asyncio.Queue()
         self._backlog = backlog
         self._closed = False
+        self.ended = asyncio.Event()
         self._pings: dict[int, asyncio.Future[None]] = {}
         self._ping_id = 0
 
@@ -229,6 +230,7 @@ class YamuxSession:
                 waiter.set_exception(StreamReset("session closed"))
         self._inbound.put_nowait(None)
         self._channel.close()
+        self.ended.set()
 
     async def run(self) -> None:
         """Read frames until the channel ends or the peer breaks the protocol."""
