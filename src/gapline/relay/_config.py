@@ -81,6 +81,10 @@ class RelayConfig:
     p2p_listen: tuple[str, int] | None = None
     bootstrap: tuple[str, ...] = ()
     registry_file: Path | None = None
+    # PUT_VALUE acknowledgements a route publication waits for (fewer when fewer peers).
+    route_replicas: int = 1
+    republish_interval: float = 3600.0
+    peer_refresh_interval: float = 30.0
     clock: Callable[[], int] = system_clock
 
     def __post_init__(self) -> None:

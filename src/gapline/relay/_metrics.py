@@ -57,6 +57,18 @@ class RelayMetrics:
             ["method", "outcome"],
             registry=self.registry,
         )
+        self.dht_ops = Counter(
+            "meshline_relay_dht_operations",
+            "Relay DHT operations, by operation and outcome.",
+            ["operation", "outcome"],
+            registry=self.registry,
+        )
+        self.deliveries = Counter(
+            "meshline_relay_deliveries",
+            "Cross-relay deliveries ended or retried, by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.notifications = Counter(
             "meshline_relay_notifications",
             "Notifications sent to WebSocket clients.",

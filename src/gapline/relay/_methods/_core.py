@@ -8,6 +8,7 @@ them (relay ID, URLs, origin), plus the pure-verification caches several familie
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from gapline.meshline import (
     AccountKey,
@@ -18,11 +19,17 @@ from gapline.meshline import (
 )
 from gapline.relay._config import RelayConfig
 from gapline.relay._errors import RelayFailure
-from gapline.relay._store import AcceptedSend, TimelineStore
+from gapline.relay._store import AcceptedSend, NewSend, TimelineStore
 
 __all__ = ["RelayCore"]
 
 _CACHE_LIMIT = 10_000
+
+
+class Outbound(Protocol):
+    async def accept_outbound(
+        self, call_params: dict[str, Any], send: NewSend, certificate: DeviceCertificate
+    ) -> dict[str, Any] | None: ...
 
 
 class RelayCore:
@@ -37,6 +44,8 @@ class RelayCore:
         self.base_url = self.ws_url = self.origin = ""
         # The libp2p TCP addresses actually served (set once the listener is bound).
         self.p2p_endpoints: tuple[str, ...] = ()
+        # Federation's delivery service: message.send to accounts homed on other relays.
+        self.outbound: Outbound | None = None
         self.on_url_changed: list[Callable[[], None]] = []
         if config.public_url or config.port:
             self.set_url(config.url)  # else: set once the listening port is known

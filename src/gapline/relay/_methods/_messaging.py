@@ -39,10 +39,10 @@ from gapline.relay._methods._base import (
 from gapline.relay._methods._core import RelayCore
 from gapline.relay._store import KeyBox, NewSend
 
-__all__ = ["MessageMethods"]
+__all__ = ["MessageMethods", "digest_and_parts"]
 
 
-def _digest_and_parts(params: dict[str, Any]) -> tuple[str, dict[str, str], list[str], list[str]]:
+def digest_and_parts(params: dict[str, Any]) -> tuple[str, dict[str, str], list[str], list[str]]:
     """The digest of the complete params' canonical form, and the parts the store keeps.
 
     Idempotency compares the canonical JSON of the complete params. Sorted-key compact
@@ -92,7 +92,7 @@ class MessageMethods:
             ),
         ]
 
-    async def _authorization(self, send: SendParams, now: int) -> RelayFailure | None:
+    async def authorization(self, send: SendParams, now: int) -> RelayFailure | None:
         """Receiving rule 4: None when the send may be delivered, else its refusal."""
         sender, recipient = send.envelope.from_, send.envelope.to
         if sender == recipient:
@@ -139,7 +139,7 @@ class MessageMethods:
         check_account_id(envelope.to, core.context, field="to")
         if envelope.from_ != session.account or envelope.from_device_id != session.device_id:
             raise RelayFailure("forbidden", "envelope from/from_device_id must be the session's")
-        digest, parts, recipient_texts, sender_texts = _digest_and_parts(params)
+        digest, parts, recipient_texts, sender_texts = digest_and_parts(params)
         now = core.now()
         # Time and authorization checks refuse only new requests: a retry of an accepted
         # message still gets its result after the age limit has passed, so the store raises
@@ -152,31 +152,41 @@ class MessageMethods:
                 "message_expired", "the envelope is older than the delivery age limit"
             )
         verify_envelope(envelope, await core.signing_key(session.device_id or ""), core.context)
-        denied = await self._authorization(send, now)
+        denied = await self.authorization(send, now)
         # Records keep the objects as received (unknown fields included; members sorted).
-        accepted = await core.store.sends.accept(
-            NewSend(
-                from_account=envelope.from_,
-                to_account=envelope.to,
-                from_device_id=envelope.from_device_id,
-                message_id=envelope.message_id,
-                digest=digest,
-                envelope=parts["envelope"],
-                recipient_boxes=tuple(
-                    KeyBox(b.device_id, text)
-                    for b, text in zip(send.recipient_boxes, recipient_texts, strict=True)
-                ),
-                sender_boxes=None
-                if send.sender_boxes is None
-                else tuple(
-                    KeyBox(b.device_id, text)
-                    for b, text in zip(send.sender_boxes, sender_texts, strict=True)
-                ),
-                retention=core.config.retention,
-                now=now,
-                refusal=refusal or denied,
-            )
+        new = NewSend(
+            from_account=envelope.from_,
+            to_account=envelope.to,
+            from_device_id=envelope.from_device_id,
+            message_id=envelope.message_id,
+            digest=digest,
+            envelope=parts["envelope"],
+            recipient_boxes=tuple(
+                KeyBox(b.device_id, text)
+                for b, text in zip(send.recipient_boxes, recipient_texts, strict=True)
+            ),
+            sender_boxes=None
+            if send.sender_boxes is None
+            else tuple(
+                KeyBox(b.device_id, text)
+                for b, text in zip(send.sender_boxes, sender_texts, strict=True)
+            ),
+            retention=core.config.retention,
+            now=now,
+            refusal=refusal or denied,
         )
+        outbound = core.outbound
+        if (
+            outbound is not None
+            and envelope.to != envelope.from_
+            and await self.access.of(envelope.to) is None
+        ):
+            # Homed elsewhere (or nowhere): the source's queue and message.deliver.
+            cert = await core.device_certificate(session.device_id or "")
+            status = await outbound.accept_outbound(params, new, cert)
+            if status is not None:
+                return status
+        accepted = await core.store.sends.accept(new)
         if core.on_appended is not None and accepted.appended:
             core.on_appended(accepted)
         return accepted.result.to_json()

@@ -30,6 +30,7 @@ class Relay(RelayCore):
         super().__init__(config, store, key)
         access = self.access = AccessReader(self)
         self.routes = RouteMethods(self)
+        self.messages = MessageMethods(self, access)
         self.info = InfoMethods(self)
         families = (
             self.info,
@@ -37,7 +38,7 @@ class Relay(RelayCore):
             DeviceStateMethods(self, access),
             ProfileMethods(self, access),
             self.routes,
-            MessageMethods(self, access),
+            self.messages,
         )
         self.methods: dict[str, Method] = {
             m.name: m for family in families for m in family.methods()

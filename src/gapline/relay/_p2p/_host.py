@@ -114,6 +114,10 @@ class P2pHost:
     def set_handler(self, protocol: str, handler: StreamHandler) -> None:
         self._handlers[protocol] = handler
 
+    def connection(self, peer_id: bytes) -> Connection | None:
+        conn = self._connections.get(peer_id)
+        return None if conn is None or conn.session.closed else conn
+
     @property
     def peers(self) -> list[VerifiedPeer]:
         return [c.peer for c in self._connections.values()]
