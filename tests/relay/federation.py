@@ -33,6 +33,11 @@ class Member:
     proc: RelayProcess | None = None
 
     @property
+    def running(self) -> RelayProcess:
+        assert self.proc is not None, f"relay {self.name} is not running"
+        return self.proc
+
+    @property
     def relay_id(self) -> str:
         return self.key.relay_id()
 

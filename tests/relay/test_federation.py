@@ -1,5 +1,10 @@
-"""Relays as separate processes, federated over libp2p: the listener is advertised only
-while served, bootstrap peers verify each other, and relay RPC answers another relay."""
+"""Relays as separate processes, federated over libp2p (SQLite and PostgreSQL mixed).
+
+An account on relay A sends to accounts homed on B and C; relays killed with SIGKILL
+mid-delivery and restarted deliver every accepted send exactly once; a route that moves
+from B to C takes the deliveries with it; a peer that offers forged routes or breaks
+framing is never believed; and the listener is advertised only while it is served.
+"""
 
 from __future__ import annotations
 
@@ -7,150 +12,308 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 
-from gapline.meshline import AccountKey, b64u_encode
+from gapline.meshline import (
+    AccountKey,
+    NetworkContext,
+    cosign_route,
+    encode_uvarint,
+    route_record,
+    sign_route,
+)
 from gapline.meshline.testing import TEST_CONTEXT, make_account
-from gapline.relay._p2p._host import P2pHost
+from gapline.relay._p2p._channel import Buffered
+from gapline.relay._p2p._frames import FRAME_LIMIT, encode_frame, read_frame
+from gapline.relay._p2p._host import P2pHost, VerifiedPeer
 from gapline.relay._p2p._identity import PeerIdentity
+from gapline.relay._p2p._kad import GET_VALUE, KadMessage
 from gapline.relay._p2p._multiaddr import TcpAddr
 from gapline.relay._p2p._peers import FileRegistry, sign_registry_entry, verify_peer_descriptor
-from gapline.relay._peer_rpc import PeerCallError, call_peer
-from gapline.relay.devserver import RelayProcess, free_port
-from tests.relay.harness import Clock, RelayUnderTest
+from gapline.relay._p2p._yamux import StreamReset, YamuxStream
+from gapline.relay._peer_rpc import RELAY_PROTOCOL, PeerCallError, call_peer
+from gapline.relay._route_federation import KAD_PROTOCOL
+from gapline.relay.devserver import RelayProcess
+from tests.relay.federation import (
+    ARGS,
+    Network,
+    make_home,
+    metric,
+    received,
+    send_body,
+    wait_for,
+)
 
-ARGS = ["--network-context", str(TEST_CONTEXT), "--rate", "1000000", "--burst", "1000000"]
+pytestmark = pytest.mark.timeout(300)
 
 
-def _key_file(tmp_path: Path, name: str) -> tuple[AccountKey, Path]:
-    key = AccountKey.generate()
-    path = tmp_path / f"{name}.key"
-    path.write_text(b64u_encode(key.private_bytes()))
-    return key, path
+async def _statuses(r, token: str, ids: list[str]) -> dict[str, str]:
+    out = {}
+    for mid in ids:
+        out[mid] = (await r.ok("message.delivery.status", {"message_id": mid}, token=token))[
+            "status"
+        ]
+    return out
 
 
-def _descriptor(key: AccountKey, port: int) -> bytes:
-    """What the test process presents when it acts as a third relay."""
+async def _all_accepted(r, token: str, ids: list[str]) -> None:
+    async def done() -> bool:
+        return set((await _statuses(r, token, ids)).values()) == {"target_accepted"}
+
+    await wait_for(done, "every delivery to be target_accepted", within=90)
+
+
+async def test_a_sends_to_b_and_c_across_sqlite_and_postgres(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    net = Network(tmp_path, [str(tmp_path / "a.db"), postgres_dsn, str(tmp_path / "c.db")])
+    a, b, c = net.members
+    try:
+        for member in net.members:
+            net.start(member)
+        (addr,) = b.running.info["p2p"]
+        assert TcpAddr.parse(addr).peer_id == PeerIdentity.from_relay_key(b.key).peer_id
+        async with httpx.AsyncClient(timeout=30) as http:
+            ra, rb, rc = a.client(http), b.client(http), c.client(http)
+            assert addr in (await rb.ok("relay.descriptor"))["endpoints"]
+            alice, bob, carol = make_account(), make_account(), make_account()
+            await make_home(ra, alice, 1)
+            await make_home(rb, bob, 1)
+            await make_home(rc, carol, 1)
+            token = await ra.login(alice)
+            sent: dict[str, list[str]] = {bob.account: [], carol.account: []}
+            for i in range(30):
+                target = bob if i % 2 else carol
+                body = send_body(alice, target)
+                status = await ra.ok("message.send", body, token=token)
+                assert status["status"] in ("delivering", "target_accepted")
+                sent[target.account].append(body["envelope"]["message_id"])
+                if i == 0:
+                    # A retry of the same request is the same send: nothing new anywhere.
+                    again = await ra.ok("message.send", body, token=token)
+                    assert again["accepted_at"] == status["accepted_at"]
+            await _all_accepted(ra, token, sent[bob.account] + sent[carol.account])
+            assert await received(rb, bob) == sent[bob.account]
+            assert await received(rc, carol) == sent[carol.account]
+            # Alice's sent records stay on A (her sender boxes never leave it).
+            assert len(await received(ra, alice)) == 30
+            # And back: B's account sends to A's.
+            reply = send_body(bob, alice)
+            btoken = await rb.login(bob)
+            await rb.ok("message.send", reply, token=btoken)
+            await _all_accepted(rb, btoken, [reply["envelope"]["message_id"]])
+            assert (await received(ra, alice))[-1] == reply["envelope"]["message_id"]
+            assert (
+                await metric(a, "meshline_relay_deliveries_total", 'outcome="target_accepted"')
+                >= 30
+            )
+            assert await metric(b, "meshline_relay_peers") == 2
+    finally:
+        net.stop_all()
+
+
+async def test_relays_killed_mid_delivery_deliver_every_accepted_send_once(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    net = Network(tmp_path, [str(tmp_path / "a.db"), postgres_dsn])
+    a, b = net.members
+    try:
+        for member in net.members:
+            net.start(member)
+        async with httpx.AsyncClient(timeout=30) as http:
+            ra, rb = a.client(http), b.client(http)
+            alice, bob = make_account(), make_account()
+            await make_home(ra, alice, 1)
+            await make_home(rb, bob, 1)
+            token = await ra.login(alice)
+            bodies = [send_body(alice, bob) for _ in range(120)]
+            accepted: list[str] = []
+
+            async def send(body: dict[str, Any]) -> None:
+                resp = await ra.call("message.send", body, token=token)
+                if resp.status_code == 200:
+                    accepted.append(body["envelope"]["message_id"])
+
+            async with asyncio.TaskGroup() as tg:
+                for i, body in enumerate(bodies):
+                    if i == 40:
+                        b.running.proc.kill()  # SIGKILL, mid-delivery
+                    tg.create_task(send(body))
+                    await asyncio.sleep(0.005)
+            assert b.running.proc.wait() == -9
+            assert len(accepted) == len(bodies)  # A accepts while B is down
+            statuses = await _statuses(ra, token, accepted)
+            assert "delivering" in statuses.values()
+            # The source dies too, with deliveries still queued.
+            a.running.proc.kill()
+            a.running.proc.wait()
+            net.start(a)
+            net.start(b)
+            ra, rb = a.client(http), b.client(http)
+            token = await ra.login(alice)
+            await _all_accepted(ra, token, accepted)
+            got = await received(rb, bob)
+            assert sorted(got) == sorted(accepted) and len(got) == len(set(got))
+    finally:
+        net.stop_all()
+
+
+async def test_a_route_that_moves_from_b_to_c_takes_the_deliveries(tmp_path: Path) -> None:
+    net = Network(tmp_path, [str(tmp_path / f"{n}.db") for n in "abc"])
+    a, b, c = net.members
+    try:
+        for member in net.members:
+            net.start(member)
+        async with httpx.AsyncClient(timeout=30) as http:
+            ra, rb, rc = a.client(http), b.client(http), c.client(http)
+            alice, bob = make_account(), make_account()
+            await make_home(ra, alice, 1)
+            await make_home(rb, bob, 1)
+            token = await ra.login(alice)
+            before = send_body(alice, bob)
+            await ra.ok("message.send", before, token=token)
+            await _all_accepted(ra, token, [before["envelope"]["message_id"]])
+            # Bob moves home: device state on C, then a higher-revision route naming C.
+            await make_home(rc, bob, 2)
+            moved = await rb.ok("account.route.resolve", {"account": bob.account})
+            assert moved["relay_id"] == c.relay_id  # C replicated it to B on publication
+            after = [send_body(alice, bob) for _ in range(5)]
+            for body in after:
+                await ra.ok("message.send", body, token=token)
+            ids = [body["envelope"]["message_id"] for body in after]
+            await _all_accepted(ra, token, ids)
+            assert await received(rc, bob) == ids
+            assert await received(rb, bob) == [before["envelope"]["message_id"]]
+    finally:
+        net.stop_all()
+
+
+def _fake_descriptor(key: AccountKey, url: str) -> bytes:
     peer = PeerIdentity.from_relay_key(key).peer_id
     body = {
         "$type": "meshline.relay.descriptor",
         "relay_id": key.relay_id(),
         "public_key": key.public_key_b64,
-        "endpoints": [
-            f"http://127.0.0.1:{port}/meshline/v1",
-            str(TcpAddr("ip4", "127.0.0.1", 9, peer)),
-        ],
+        "endpoints": [url, str(TcpAddr("ip4", "127.0.0.1", 9, peer))],
         "expires_at": int(time.time()) + 3600,
     }
     body["relay_signature"] = key.sign_object(body, TEST_CONTEXT, exclude=())
     return json.dumps(body).encode()
 
 
-async def _peers(url: str) -> float:
-    async with httpx.AsyncClient() as http:
-        text = (await http.get(url.rsplit("/meshline", 1)[0] + "/metrics")).text
-    return next(
-        float(line.split()[1])
-        for line in text.splitlines()
-        if line.startswith("meshline_relay_peers ")
+def _forged_routes(
+    x: AccountKey, outsider: AccountKey, account_key: AccountKey, ctx: NetworkContext
+) -> list[bytes]:
+    now = int(time.time())
+    forged = []
+    # Co-signed by a relay key that is not the named relay's (X's relay_id, another key).
+    draft = sign_route(
+        account_key, ctx, relay_id=x.relay_id(), revision=7, updated_at=now, expires_at=now + 3600
     )
+    forged.append(route_record(cosign_route(draft, outsider, ctx), ctx)[1])
+    # Properly co-signed, by a relay the registry does not list.
+    draft = sign_route(
+        account_key,
+        ctx,
+        relay_id=outsider.relay_id(),
+        revision=8,
+        updated_at=now,
+        expires_at=now + 3600,
+    )
+    forged.append(route_record(cosign_route(draft, outsider, ctx), ctx)[1])
+    return forged
 
 
-async def test_two_relay_processes_federate_and_answer_relay_rpc(tmp_path: Path) -> None:
-    key_a, file_a = _key_file(tmp_path, "a")
-    key_b, file_b = _key_file(tmp_path, "b")
-    key_c = AccountKey.generate()  # the test process, as a third relay
-    registry = tmp_path / "registry.json"
-    ports = {k.relay_id(): free_port() for k in (key_a, key_b, key_c)}
-    FileRegistry.write(
-        registry,
-        [
-            sign_registry_entry(
-                k, f"http://127.0.0.1:{ports[k.relay_id()]}/meshline/v1", TEST_CONTEXT
-            )
-            for k in (key_a, key_b, key_c)
-        ],
+async def test_a_peer_with_forged_routes_or_broken_frames_is_never_believed(
+    tmp_path: Path,
+) -> None:
+    net = Network(tmp_path, [str(tmp_path / "a.db")])
+    (a,) = net.members
+    x_key, outsider = AccountKey.generate(), AccountKey.generate()
+    x_url = "http://127.0.0.1:9/meshline/v1"
+    entries = json.loads(net.registry.read_text())["entries"]
+    FileRegistry.write(net.registry, [*entries, sign_registry_entry(x_key, x_url, TEST_CONTEXT)])
+    dave = make_account()
+    forged = _forged_routes(x_key, outsider, dave.key, TEST_CONTEXT)
+    served: list[int] = []
+
+    async def kad(stream: YamuxStream, incoming: Buffered, peer: VerifiedPeer) -> None:
+        message = KadMessage.decode(await read_frame(incoming, utf8=False))
+        if message.type != GET_VALUE:
+            stream.reset()  # X stores nothing for anyone
+            return
+        value = forged[len(served) % len(forged)]
+        served.append(message.type)
+        reply = KadMessage(GET_VALUE, message.key, (message.key, value))
+        await stream.write(encode_frame(reply.encode()))
+        await stream.close()
+
+    registry = FileRegistry(net.registry, TEST_CONTEXT)
+    x = P2pHost(
+        PeerIdentity.from_relay_key(x_key),
+        lambda: _fake_descriptor(x_key, x_url),
+        lambda pid, raw: verify_peer_descriptor(
+            pid, raw, registry=registry, context=TEST_CONTEXT, now=lambda: int(time.time())
+        )[0],
     )
-    common = [*ARGS, "--registry-file", str(registry)]
-    b = RelayProcess.start(
-        str(tmp_path / "b.db"),
-        port=ports[key_b.relay_id()],
-        extra_args=[*common, "--relay-key", str(file_b), "--p2p-listen", "127.0.0.1:0"],
-    )
+    x.set_handler(KAD_PROTOCOL, kad)
     try:
-        (b_addr,) = b.info["p2p"]
-        assert TcpAddr.parse(b_addr).peer_id == PeerIdentity.from_relay_key(key_b).peer_id
-        a = RelayProcess.start(
-            str(tmp_path / "a.db"),
-            port=ports[key_a.relay_id()],
-            extra_args=[
-                *common,
-                "--relay-key",
-                str(file_a),
-                "--p2p-listen",
-                "127.0.0.1:0",
-                "--bootstrap",
-                b_addr,
-            ],
-        )
-        try:
-            async with httpx.AsyncClient() as http:
-                descriptor = (await http.get(b.url + "/relay/descriptor")).json()
-            assert b_addr in descriptor["endpoints"]  # advertised because it is served
-            for _ in range(100):
-                if await _peers(a.url) == 1 and await _peers(b.url) == 1:
-                    break
-                await asyncio.sleep(0.1)
-            assert await _peers(a.url) == 1 and await _peers(b.url) == 1
-
-            # The test process calls B's relay RPC as relay C.
+        net.start(a)
+        async with x.running(), httpx.AsyncClient(timeout=30) as http:
+            ra = a.client(http)
             alice = make_account()
-            async with httpx.AsyncClient(timeout=30) as http:
-                await RelayUnderTest(b.url, b.ws_url, b.relay_id, Clock(), http).publish(alice)
-            reg = FileRegistry(registry, TEST_CONTEXT)
-            host = P2pHost(
-                PeerIdentity.from_relay_key(key_c),
-                lambda: _descriptor(key_c, ports[key_c.relay_id()]),
-                lambda pid, raw: verify_peer_descriptor(
-                    pid, raw, registry=reg, context=TEST_CONTEXT, now=lambda: int(time.time())
-                )[0],
+            await make_home(ra, alice, 1)  # before X joins: X acknowledges no PUT
+            conn = await x.connect(TcpAddr.parse(a.running.info["p2p"][0]))
+            token = await ra.login(alice)
+            for _ in range(2):  # each lookup is answered with one forged record
+                code = await ra.error("message.send", send_body(alice, dave), token=token)
+                assert code == (404, "route_not_found")
+            assert served and all(t == GET_VALUE for t in served)
+            assert await ra.error("account.route.resolve", {"account": dave.account}) == (
+                404,
+                "not_found",
             )
-            async with host.running():
-                conn = await host.connect(TcpAddr.parse(b_addr))
-                assert conn.peer.relay_id == key_b.relay_id()
-                device = alice.devices[0].device_id
-                status = await call_peer(
-                    conn, "device.status", {"account": alice.account, "device_id": device}
+            assert (
+                await metric(
+                    a, "meshline_relay_dht_operations_total", 'operation="get",outcome="rejected"'
                 )
-                assert status["status"] == "active" and status["expires_at"] > time.time()
-                other = make_account()
-                stranger = await call_peer(
-                    conn,
-                    "device.status",
-                    {"account": alice.account, "device_id": other.devices[0].device_id},
-                )
-                assert stranger == {"status": "inactive"}
-                try:
-                    await call_peer(
-                        conn, "device.status", {"account": other.account, "device_id": device}
-                    )
-                    raise AssertionError("an account B holds nothing for was answered")
-                except PeerCallError as exc:
-                    assert exc.code == "target_not_local"
-                try:
-                    await call_peer(conn, "no.such.method", {})
-                    raise AssertionError("an unknown method was answered")
-                except PeerCallError as exc:
-                    assert exc.number == -32601
-        finally:
-            assert a.stop() == 0
+                >= 2
+            )
+
+            # Framing violations on relay RPC reset the stream; the connection stays.
+            for raw in (
+                encode_uvarint(FRAME_LIMIT + 1) + b"{}",
+                b"\xff" * 10,
+                encode_frame(b"\xc3"),
+            ):
+                stream, incoming = await conn.open(RELAY_PROTOCOL, raw)
+                await stream.close()
+                with pytest.raises(StreamReset):
+                    await read_frame(incoming)
+            # A request that is not JSON-RPC gets its error; then a real call is answered.
+            stream, incoming = await conn.open(RELAY_PROTOCOL, encode_frame(b"[1]"))
+            await stream.close()
+            assert json.loads(await read_frame(incoming))["error"]["code"] == -32600
+            status = await call_peer(
+                conn,
+                "device.status",
+                {"account": alice.account, "device_id": alice.devices[0].device_id},
+            )
+            assert status["status"] == "active"
+            with pytest.raises(PeerCallError) as refused:
+                await call_peer(conn, "message.deliver", {"envelope": {}})
+            assert refused.value.code == "bad_request"
     finally:
-        assert b.stop() == 0
-    # Without the listener the descriptor lists no libp2p address.
-    plain = RelayProcess.start(
-        str(tmp_path / "b.db"), extra_args=[*ARGS, "--relay-key", str(file_b)]
-    )
+        net.stop_all()
+
+
+async def test_the_descriptor_lists_libp2p_only_while_served(tmp_path: Path) -> None:
+    net = Network(tmp_path, [str(tmp_path / "a.db")])
+    (a,) = net.members
+    plain = RelayProcess.start(a.dsn, extra_args=[*ARGS, "--relay-key", str(a.key_file)])
     try:
         assert "p2p" not in plain.info
         async with httpx.AsyncClient() as http:
