@@ -66,6 +66,7 @@ async def _all_accepted(r, token: str, ids: list[str]) -> None:
     await wait_for(done, "every delivery to be target_accepted", within=90)
 
 
+@pytest.mark.postgres
 async def test_a_sends_to_b_and_c_across_sqlite_and_postgres(
     tmp_path: Path, postgres_dsn: str
 ) -> None:
@@ -115,6 +116,8 @@ async def test_a_sends_to_b_and_c_across_sqlite_and_postgres(
         net.stop_all()
 
 
+@pytest.mark.slow
+@pytest.mark.postgres
 async def test_relays_killed_mid_delivery_deliver_every_accepted_send_once(
     tmp_path: Path, postgres_dsn: str
 ) -> None:

@@ -71,6 +71,7 @@ class DeliveryService:
         self._inflight: set[tuple[str, str]] = set()
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(concurrency)
+        self._remembered: set[str] = set()  # remote signer certificates already stored
         relay.routes.on_changed.append(lambda _key: self._routes.clear())
 
     # -- routes -----------------------------------------------------------------------
@@ -266,9 +267,13 @@ class DeliveryService:
         elif envelope.created_at < now - core.config.delivery_age_limit:
             refusal = RelayFailure("message_expired", "the envelope is older than the age limit")
         denied = await self.messages.authorization(send, now)
-        await core.store.accounts.remember_certificate(
-            device_id, cert.account, json.dumps(cert.to_wire(), sort_keys=True)
-        )
+        if device_id not in self._remembered:
+            await core.store.accounts.remember_certificate(
+                device_id, cert.account, json.dumps(cert.to_wire(), sort_keys=True)
+            )
+            if len(self._remembered) > 100_000:
+                self._remembered.clear()
+            self._remembered.add(device_id)
         accepted = await core.store.sends.accept(
             NewSend(
                 from_account=envelope.from_,

@@ -39,7 +39,9 @@ __all__ = ["KAD_PROTOCOL", "FederatedRouteDht"]
 
 KAD_PROTOCOL = "/meshline/kad/1.0.0"
 K = 20
-ALPHA = 3
+# Queries in flight per lookup round (local policy): peers are few and already connected,
+# so one round usually asks every one of the k closest.
+ALPHA = 10
 QUERY_TIMEOUT = 5.0
 
 log = logging.getLogger("gapline.relay.dht")

@@ -86,6 +86,7 @@ class RouteMethods:
         # the commits, so a lookup that raced one is not kept.
         self._cache = core.store.single_writer
         self._answers: dict[bytes, _Answer] = {}
+        self._local: dict[bytes, tuple[AccountRoute | None, int]] = {}
         self._changes = 0
         self._keys: dict[str, bytes] = {}  # DHT key by (valid) account ID
         self.replica.on_commit = self._changed
@@ -123,7 +124,12 @@ class RouteMethods:
         key = route_dht_key(account, core.context)
         if remote:
             await self.dht.get(key)
+        else:
+            known = self._local.get(key)
+            if known is not None and core.now() < known[1]:
+                return known[0]
         for _ in range(CAS_ATTEMPTS):
+            changes = self._changes
             history, row = await self.replica.history(key)
             values = await self.replica.get(key)
             resolution = select_route(
@@ -133,11 +139,19 @@ class RouteMethods:
                 key, expected=row, history=resolution.history
             ):
                 try:
-                    return resolution.result()
+                    route: AccountRoute | None = resolution.result()
                 except MeshlineError as exc:
-                    if exc.code == "not_found":
-                        return None
-                    raise RelayFailure(exc.code, exc.message) from None
+                    if exc.code != "not_found":
+                        raise RelayFailure(exc.code, exc.message) from None
+                    route = None
+                if self._cache and self._changes == changes:
+                    # Only this process writes the replica: the answer holds until a commit
+                    # changes the key (``_changed``) or the route expires.
+                    if len(self._local) > _CACHE_LIMIT:
+                        self._local.clear()
+                    until = MAX_SAFE_INTEGER if route is None else route.expires_at
+                    self._local[key] = (route, until)
+                return route
         raise RelayFailure("state_conflict", "concurrent route writes; try again")
 
     async def route_publish(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
@@ -208,6 +222,7 @@ class RouteMethods:
     def _changed(self, key: bytes) -> None:
         """A commit changed what is stored under ``key``: its answer is decided again."""
         self._answers.pop(key, None)
+        self._local.pop(key, None)
         self._changes += 1
         for callback in self.on_changed:
             callback(key)

@@ -79,13 +79,40 @@ def _accept(tx: Tx, send: NewSend, params: str, deadline: int) -> AcceptedSend:
     return AcceptedSend(DeliveryResult(DELIVERING, send.now), False, appended)
 
 
+def _accept_batch(
+    tx: Tx, items: list[tuple[NewSend, str, int]]
+) -> list[AcceptedSend | BaseException]:
+    """Each send as if alone, in one transaction: ``_accept`` raises before it writes."""
+    out: list[AcceptedSend | BaseException] = []
+    for send, params, deadline in items:
+        try:
+            out.append(_accept(tx, send, params, deadline))
+        except RelayFailure as exc:
+            out.append(exc)
+    return out
+
+
+def _finish_batch(tx: Tx, items: list[tuple[PendingDelivery, str, str | None]]) -> list[None]:
+    tx.executemany(
+        "UPDATE sends SET status = ?, error = ? "
+        "WHERE from_account = ? AND message_id = ? AND status = ?",
+        [(status, error, i.from_account, i.message_id, DELIVERING) for i, status, error in items],
+    )
+    tx.executemany(
+        "DELETE FROM deliveries WHERE from_account = ? AND message_id = ?",
+        [(i.from_account, i.message_id) for i, _, _ in items],
+    )
+    return [None] * len(items)
+
+
 class Deliveries:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
 
     async def accept(self, send: NewSend, params: str, deadline: int) -> AcceptedSend:
         """Accept a send to be delivered to another relay (or its stored result)."""
-        return await self.backend.write(lambda tx: _accept(tx, send, params, deadline))
+        # Batched like local sends: concurrent sends share one commit.
+        return await self.backend.write_batched(_accept_batch, (send, params, deadline))
 
     async def due(self, now: int, limit: int) -> list[PendingDelivery]:
         def op(tx: Tx) -> list[PendingDelivery]:
@@ -118,22 +145,5 @@ class Deliveries:
         self, item: PendingDelivery, status: str, error: dict[str, Any] | None
     ) -> None:
         """Write the terminal status (only over ``delivering``) and drop the queue row."""
-
-        def op(tx: Tx) -> None:
-            tx.execute(
-                "UPDATE sends SET status = ?, error = ? "
-                "WHERE from_account = ? AND message_id = ? AND status = ?",
-                (
-                    status,
-                    None if error is None else json.dumps(error),
-                    item.from_account,
-                    item.message_id,
-                    DELIVERING,
-                ),
-            )
-            tx.execute(
-                "DELETE FROM deliveries WHERE from_account = ? AND message_id = ?",
-                (item.from_account, item.message_id),
-            )
-
-        await self.backend.write(op)
+        text = None if error is None else json.dumps(error)
+        await self.backend.write_batched(_finish_batch, (item, status, text))
