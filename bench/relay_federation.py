@@ -320,13 +320,11 @@ async def main() -> None:
                 )
                 start = time.perf_counter()
                 sent, answered = await flood(a, on_a, bob, args.per_client)
-                while (
-                    await metric(
-                        pa, http, "meshline_relay_deliveries_total", 'outcome="target_accepted"'
-                    )
-                    - before
-                    < sent
-                ):
+                label = 'outcome="target_accepted"'
+                while True:  # polling another process's counter: no event to wait on
+                    done = await metric(pa, http, "meshline_relay_deliveries_total", label)
+                    if done - before >= sent:
+                        break
                     await asyncio.sleep(0.02)
                 seconds = time.perf_counter() - start
                 cross = {
