@@ -23,6 +23,7 @@ from gapline.meshline import (
     cosign_route,
     encode_uvarint,
     route_record,
+    sign_profile,
     sign_route,
 )
 from gapline.meshline.testing import TEST_CONTEXT, make_account
@@ -112,6 +113,13 @@ async def test_a_sends_to_b_and_c_across_sqlite_and_postgres(
                 >= 30
             )
             assert await metric(b, "meshline_relay_peers") == 2
+            # Reads of an account homed elsewhere are answered by its home relay, verified.
+            forwarded = await ra.ok("profile.resolve", {"account": bob.account}, token=token)
+            assert forwarded == await rb.ok(
+                "profile.resolve", {"account": bob.account}, token=btoken
+            )
+            state = await ra.ok("device.state.resolve", {"account": carol.account}, token=token)
+            assert state == carol.state.to_wire()
     finally:
         net.stop_all()
 
@@ -188,7 +196,15 @@ async def test_a_route_that_moves_from_b_to_c_takes_the_deliveries(tmp_path: Pat
                 await ra.ok("message.send", body, token=token)
             ids = [body["envelope"]["message_id"] for body in after]
             await _all_accepted(ra, token, ids)
-            assert await received(rc, bob) == ids
+            # B still holds bob's old state, but the route decides: B's own account's send
+            # to bob goes to C too.
+            dana = make_account()
+            await make_home(rb, dana, 1)
+            dtoken = await rb.login(dana)
+            from_b = send_body(dana, bob)
+            await rb.ok("message.send", from_b, token=dtoken)
+            await _all_accepted(rb, dtoken, [from_b["envelope"]["message_id"]])
+            assert await received(rc, bob) == [*ids, from_b["envelope"]["message_id"]]
             assert await received(rb, bob) == [before["envelope"]["message_id"]]
     finally:
         net.stop_all()
@@ -239,8 +255,21 @@ async def test_a_peer_with_forged_routes_or_broken_frames_is_never_believed(
     x_url = "http://127.0.0.1:9/meshline/v1"
     entries = json.loads(net.registry.read_text())["entries"]
     FileRegistry.write(net.registry, [*entries, sign_registry_entry(x_key, x_url, TEST_CONTEXT)])
-    dave = make_account()
+    dave, erin = make_account(), make_account()
     forged = _forged_routes(x_key, outsider, dave.key, TEST_CONTEXT)
+    # Erin's route is genuine and names X; X's answers about erin are not.
+    now = int(time.time())
+    erin_route = route_record(
+        cosign_route(
+            sign_route(
+                erin.key, TEST_CONTEXT, relay_id=x_key.relay_id(), revision=1,
+                updated_at=now, expires_at=now + 3600,
+            ),
+            x_key,
+            TEST_CONTEXT,
+        ),
+        TEST_CONTEXT,
+    )  # fmt: skip
     served: list[int] = []
 
     async def kad(stream: YamuxStream, incoming: Buffered, peer: VerifiedPeer) -> None:
@@ -248,8 +277,11 @@ async def test_a_peer_with_forged_routes_or_broken_frames_is_never_believed(
         if message.type != GET_VALUE:
             stream.reset()  # X stores nothing for anyone
             return
-        value = forged[len(served) % len(forged)]
-        served.append(message.type)
+        if message.key == erin_route[0]:
+            value = erin_route[1]
+        else:
+            value = forged[len(served) % len(forged)]
+            served.append(message.type)
         reply = KadMessage(GET_VALUE, message.key, (message.key, value))
         await stream.write(encode_frame(reply.encode()))
         await stream.close()
@@ -263,6 +295,22 @@ async def test_a_peer_with_forged_routes_or_broken_frames_is_never_believed(
         )[0],
     )
     x.set_handler(KAD_PROTOCOL, kad)
+    profile = sign_profile(erin.device().keys, erin.account, TEST_CONTEXT, public_discovery=True)
+    bad_profile = {
+        "profile": {**profile.to_wire(), "public_discovery": False},  # signature now wrong
+        "signer_certificate": erin.device().certificate.to_wire(),
+    }
+    bad_state = {**erin.state.to_wire(), "revision": erin.state.revision + 1}
+    answers = {"profile.resolve": bad_profile, "device.state.resolve": bad_state}
+
+    async def rpc(stream: YamuxStream, incoming: Buffered, peer: VerifiedPeer) -> None:
+        request = json.loads(await read_frame(incoming))
+        result = answers[request["method"]]
+        body = {"jsonrpc": "2.0", "id": request["id"], "result": result}
+        await stream.write(encode_frame(json.dumps(body).encode()))
+        await stream.close()
+
+    x.set_handler(RELAY_PROTOCOL, rpc)
     try:
         net.start(a)
         async with x.running(), httpx.AsyncClient(timeout=30) as http:
@@ -285,6 +333,16 @@ async def test_a_peer_with_forged_routes_or_broken_frames_is_never_believed(
                 )
                 >= 2
             )
+
+            # X is erin's home by a genuine route, but its answers do not verify: the
+            # client gets bad_gateway, never what X said.
+            for method in ("profile.resolve", "device.state.resolve"):
+                assert await ra.error(method, {"account": erin.account}, token=token) == (
+                    503,
+                    "bad_gateway",
+                )
+            refused = 'method="profile.resolve",outcome="unverified_answer"'
+            assert await metric(a, "meshline_relay_peer_calls_total", refused) == 1
 
             # Framing violations on relay RPC reset the stream; the connection stays.
             for raw in (

@@ -51,6 +51,7 @@ _RETRY = {"internal_error", "bad_gateway", "rate_limited", "temporarily_unavaila
 _REROUTE = {"route_stale", "target_not_local", "route_not_found", "not_found", "invalid_state"}
 _BACKOFF = (1, 2, 5, 10, 30, 60, 300)
 CALL_TIMEOUT = 15.0
+NO_ROUTE_TTL = 10
 
 
 class DeliveryService:
@@ -66,8 +67,12 @@ class DeliveryService:
     ) -> None:
         self.relay, self.host, self.metrics, self.messages = relay, host, metrics, messages
         self._addrs_of = addrs_of  # relay_id -> list[TcpAddr] known for it
-        self._routes: dict[str, AccountRoute] = {}
-        self._queue: asyncio.Queue[PendingDelivery] = asyncio.Queue(maxsize=4096)
+        self._routes: dict[str, tuple[AccountRoute | None, int]] = {}
+        # Fresh sends, with their params already parsed; the scan finds everything else.
+        self._queue: asyncio.Queue[tuple[PendingDelivery, dict[str, Any]]] = asyncio.Queue(
+            maxsize=4096
+        )
+        self._certificates: dict[str, dict[str, Any]] = {}
         self._inflight: set[tuple[str, str]] = set()
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(concurrency)
@@ -76,56 +81,64 @@ class DeliveryService:
 
     # -- routes -----------------------------------------------------------------------
     async def route_of(self, account: str, *, refresh: bool = False) -> AccountRoute | None:
-        route = self._routes.get(account)
-        if route is not None and not refresh and not route.is_expired(self.relay.now()):
-            return route
+        """The account's current route after a DHT lookup, remembered until it expires or a
+        replica commit changes any key (None is remembered for ``NO_ROUTE_TTL``)."""
+        now = self.relay.now()
+        known = self._routes.get(account)
+        if known is not None and not refresh and now < known[1]:
+            return known[0]
         route = await self.relay.routes.current_route(account, remote=True)
-        if route is None:
-            self._routes.pop(account, None)
-        else:
-            if len(self._routes) > 100_000:
-                self._routes.clear()
-            self._routes[account] = route
+        if len(self._routes) > 100_000:
+            self._routes.clear()
+        until = now + NO_ROUTE_TTL if route is None else route.expires_at
+        self._routes[account] = (route, until)
         return route
 
     # -- source: accepting a send for another relay -------------------------------------
     async def accept_outbound(
-        self, call_params: dict[str, Any], send: NewSend, certificate: DeviceCertificate
+        self, call_params: dict[str, Any], send: NewSend, device_id: str, held_here: bool
     ) -> dict[str, Any] | None:
-        """The DeliveryStatus of a send to an account homed elsewhere; None when the
-        recipient's route names this relay (the local path decides)."""
+        """The DeliveryStatus of a send to an account homed elsewhere; None when this relay
+        serves the recipient (its route names this relay, or there is no route and this
+        relay holds its state: the local path decides)."""
         route = await self.route_of(send.to_account)
         if route is None:
+            if held_here:
+                return None
             raise RelayFailure("route_not_found", "no route is known for the recipient account")
         if route.relay_id == self.relay.relay_id:
             return None
         deliver: dict[str, Any] = {
             "envelope": call_params["envelope"],
             "recipient_boxes": call_params["recipient_boxes"],
-            "signer_certificate": certificate.to_wire(),
+            "signer_certificate": await self._certificate(device_id),
         }
         if "authorization" in call_params:
             deliver["authorization"] = call_params["authorization"]
-        envelope = call_params["envelope"]
         config = self.relay.config
-        deadline = min(
-            envelope["created_at"] + config.delivery_age_limit, send.now + send.retention
-        )
-        accepted = await self.relay.store.deliveries.accept(send, json.dumps(deliver), deadline)
+        created_at = call_params["envelope"]["created_at"]
+        deadline = min(created_at + config.delivery_age_limit, send.now + send.retention)
+        text = json.dumps(deliver)
+        accepted = await self.relay.store.deliveries.accept(send, text, deadline)
         if self.relay.on_appended is not None and accepted.appended:
             self.relay.on_appended(accepted)
         if not accepted.duplicate:
             item = PendingDelivery(
-                send.from_account,
-                send.message_id,
-                send.to_account,
-                json.dumps(deliver),
-                deadline,
-                0,
+                send.from_account, send.message_id, send.to_account, text, deadline, 0
             )
             with contextlib.suppress(asyncio.QueueFull):  # the queue scan picks it up
-                self._queue.put_nowait(item)
+                self._queue.put_nowait((item, deliver))
         return accepted.result.to_json()
+
+    async def _certificate(self, device_id: str) -> dict[str, Any]:
+        """The sending device's certificate (any version verifies its signatures)."""
+        wire = self._certificates.get(device_id)
+        if wire is None:
+            wire = (await self.relay.device_certificate(device_id)).to_wire()
+            if len(self._certificates) > 100_000:
+                self._certificates.clear()
+            self._certificates[device_id] = wire
+        return wire
 
     # -- source: the worker -------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -140,8 +153,8 @@ class DeliveryService:
 
     async def _from_queue(self, tg: asyncio.TaskGroup) -> None:
         while True:
-            item = await self._queue.get()
-            await self._start(tg, item)
+            item, params = await self._queue.get()
+            await self._start(tg, item, params)
 
     async def _scan(self, tg: asyncio.TaskGroup) -> None:
         """What the in-memory queue does not carry: work left from before a restart, and
@@ -154,34 +167,37 @@ class DeliveryService:
                     await self._wake.wait()
             self._wake.clear()
 
-    async def _start(self, tg: asyncio.TaskGroup, item: PendingDelivery) -> None:
+    async def _start(
+        self, tg: asyncio.TaskGroup, item: PendingDelivery, params: dict[str, Any] | None = None
+    ) -> None:
         key = (item.from_account, item.message_id)
         if key in self._inflight:
             return
         await self._slots.acquire()
         self._inflight.add(key)
-        tg.create_task(self._attempt(item, key))
+        tg.create_task(self._attempt(item, key, params))
 
-    async def _attempt(self, item: PendingDelivery, key: tuple[str, str]) -> None:
+    async def _attempt(
+        self, item: PendingDelivery, key: tuple[str, str], params: dict[str, Any] | None
+    ) -> None:
         try:
-            await self._deliver(item)
+            await self._deliver(item, json.loads(item.params) if params is None else params)
         finally:
             self._inflight.discard(key)
             self._slots.release()
 
-    async def _deliver(self, item: PendingDelivery) -> None:
+    async def _deliver(self, item: PendingDelivery, params: dict[str, Any]) -> None:
         store = self.relay.store.deliveries
         now = self.relay.now()
         if now >= item.deadline:
             await self._finish(item, "message_expired", "the delivery deadline passed")
             return
-        params = json.loads(item.params)
         refresh = item.attempts > 0
         try:
             route = await self.route_of(item.to_account, refresh=refresh)
             if route is None:
                 raise PeerCallError(-32022, "no route", None)
-            conn = await self._connect(route.relay_id)
+            conn = await self.connect(route.relay_id)
             async with asyncio.timeout(CALL_TIMEOUT):
                 result = await call_peer(conn, "message.deliver", params)
         except PeerCallError as exc:
@@ -204,7 +220,7 @@ class DeliveryService:
         await store.finish(item, "target_accepted", None)
         self.metrics.deliveries.labels("target_accepted").inc()
 
-    async def _connect(self, relay_id: str) -> Any:
+    async def connect(self, relay_id: str) -> Any:
         for conn_peer in self.host.peers:
             if conn_peer.relay_id == relay_id:
                 conn = self.host.connection(conn_peer.peer_id)

@@ -20,8 +20,6 @@ from gapline.meshline import (
     MeshlineError,
     RelayDescriptor,
     b64u_decode,
-    check_account_id,
-    check_device_id,
     parse_json,
     route_from_record,
 )
@@ -39,6 +37,7 @@ from gapline.relay._p2p._peers import (
     libp2p_addrs,
     verify_peer_descriptor,
 )
+from gapline.relay._peer_queries import AccountQueries, Forwarder
 from gapline.relay._peer_rpc import RELAY_PROTOCOL, PeerMethod, PeerRpcServer
 from gapline.relay._route_federation import FederatedRouteDht
 
@@ -81,8 +80,17 @@ class Federation:
         self._republish_now = asyncio.Event()
         self.host.on_peer.append(lambda _: self._republish_now.set())
         self._fetched: dict[str, tuple[int, list[TcpAddr]]] = {}
+        self.queries = AccountQueries(relay)
+        relay.forwarder = Forwarder(
+            relay,
+            self.delivery.route_of,
+            self.delivery.connect,
+            lambda method: metrics.peer_calls.labels(method, "unverified_answer").inc(),
+        )
         methods: dict[str, PeerMethod] = {
-            "device.status": self.device_status,
+            "device.status": self.queries.device_status,
+            "device.state.resolve": self.queries.device_state_resolve,
+            "profile.resolve": self.queries.profile_resolve,
             "message.deliver": self.delivery.message_deliver,
         }
         self.rpc = PeerRpcServer(
@@ -159,19 +167,6 @@ class Federation:
             return result
 
         return run
-
-    # -- relay RPC methods ------------------------------------------------------------
-    async def device_status(self, peer: VerifiedPeer, params: dict[str, Any]) -> dict[str, Any]:
-        """From this relay's own current device state only; never a cached answer."""
-        account = check_account_id(params.get("account"), self.config.network_context)
-        device_id = check_device_id(params.get("device_id"))
-        access = await self.relay.access.of(account)
-        if access is None:
-            raise RelayFailure("target_not_local", "this relay holds no state for the account")
-        cert = access.devices.valid(device_id, self.relay.now())
-        if cert is None:
-            return {"status": "inactive"}
-        return {"status": "active", "expires_at": cert.expires_at}
 
     # -- lifetime ---------------------------------------------------------------------
     @contextlib.asynccontextmanager

@@ -28,8 +28,16 @@ _CACHE_LIMIT = 10_000
 
 class Outbound(Protocol):
     async def accept_outbound(
-        self, call_params: dict[str, Any], send: NewSend, certificate: DeviceCertificate
+        self, call_params: dict[str, Any], send: NewSend, device_id: str, held_here: bool
     ) -> dict[str, Any] | None: ...
+
+
+class Forwarding(Protocol):
+    """Client reads of an account homed on another relay, answered by that relay."""
+
+    async def profile(self, account: str) -> dict[str, Any]: ...
+
+    async def device_state(self, account: str, params: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class RelayCore:
@@ -46,6 +54,7 @@ class RelayCore:
         self.p2p_endpoints: tuple[str, ...] = ()
         # Federation's delivery service: message.send to accounts homed on other relays.
         self.outbound: Outbound | None = None
+        self.forwarder: Forwarding | None = None
         self.on_url_changed: list[Callable[[], None]] = []
         if config.public_url or config.port:
             self.set_url(config.url)  # else: set once the listening port is known

@@ -1,10 +1,10 @@
 """``device.state.publish`` and ``device.state.resolve`` (own reads, public queries, signed
 queries carrying a ``ContactGrant`` or ``ContactInvite``).
 
-This relay is the home relay of every account that publishes its state to it (the
-standalone deviation in docs/relay.md), so publication is authoritative, never staged,
-and every query is answered here, never forwarded. An account it holds no state for is
-``not_found`` whatever the query form: it is not this relay's to answer for.
+This relay is the home relay of every account that publishes its state to it, so
+publication is authoritative, never staged. A query for an account it holds no state
+for is forwarded to the account's home relay when federated (``RelayCore.forwarder``,
+which believes only an answer that verifies), else ``not_found`` whatever its form.
 """
 
 from __future__ import annotations
@@ -93,7 +93,10 @@ class DeviceStateMethods:
             return stored(own)
         if session.mode != "device":
             raise RelayFailure("forbidden", "an account session reads only its own state")
-        access = _found(await self.access.of(account))
+        access = await self.access.of(account)
+        if access is None and self.core.forwarder is not None:
+            return await self.core.forwarder.device_state(account, {"account": account})
+        access = _found(access)
         public_access(access.profile).check()
         return stored(access.state)
 
@@ -112,7 +115,11 @@ class DeviceStateMethods:
             max_age=core.config.clock_skew,
             caller=(session.account, session.device_id or ""),
         )
-        access = _found(await self.access.of(query.account))
+        access = await self.access.of(query.account)
+        if access is None and core.forwarder is not None:
+            # Checked here for the calling device; sent on unchanged, checked there again.
+            return await core.forwarder.device_state(query.account, params)
+        access = _found(access)
         authorize_state_query(
             query, target_devices=access.devices, now=now, context=core.context
         ).check()

@@ -13,6 +13,7 @@ refused before anything else.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Any
 
 from gapline.meshline import (
@@ -94,6 +95,10 @@ class MessageMethods:
 
     async def authorization(self, send: SendParams, now: int) -> RelayFailure | None:
         """Receiving rule 4: None when the send may be delivered, else its refusal."""
+        return (await self._authorize(send, now))[0]
+
+    async def _authorize(self, send: SendParams, now: int) -> tuple[RelayFailure | None, bool]:
+        """Rule 4's verdict, and whether this relay holds the recipient's state."""
         sender, recipient = send.envelope.from_, send.envelope.to
         if sender == recipient:
             # The library refuses material on self-delivery without consulting the devices.
@@ -109,12 +114,12 @@ class MessageMethods:
         else:
             access = await self.access.of(recipient)
             if access is None:
-                # Not an account of this relay: the store finds no valid recipient device
-                # (device_unknown; cross-relay delivery is not offered yet). Material that
-                # does not even parse is still a bad request.
+                # Not an account of this relay: its home relay judges rule 4 (standalone, the
+                # store finds no valid recipient device: device_unknown). Material that does
+                # not even parse is still a bad request.
                 if send.authorization is not None:
                     parse_authorization(send.authorization)
-                return None
+                return None, False
             verdict = authorize_delivery(
                 send.authorization,
                 sender=sender,
@@ -125,10 +130,10 @@ class MessageMethods:
                 context=self.core.context,
             )
         if verdict.allowed:
-            return None
+            return None, True
         if verdict.code == "bad_request":
             verdict.check()  # a parameter error: raised whether or not this is a retry
-        return RelayFailure(verdict.code or "forbidden", verdict.message)
+        return RelayFailure(verdict.code or "forbidden", verdict.message), True
 
     async def message_send(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         core = self.core
@@ -152,7 +157,7 @@ class MessageMethods:
                 "message_expired", "the envelope is older than the delivery age limit"
             )
         verify_envelope(envelope, await core.signing_key(session.device_id or ""), core.context)
-        denied = await self.authorization(send, now)
+        denied, held_here = await self._authorize(send, now)
         # Records keep the objects as received (unknown fields included; members sorted).
         new = NewSend(
             from_account=envelope.from_,
@@ -176,14 +181,13 @@ class MessageMethods:
             refusal=refusal or denied,
         )
         outbound = core.outbound
-        if (
-            outbound is not None
-            and envelope.to != envelope.from_
-            and await self.access.of(envelope.to) is None
-        ):
-            # Homed elsewhere (or nowhere): the source's queue and message.deliver.
-            cert = await core.device_certificate(session.device_id or "")
-            status = await outbound.accept_outbound(params, new, cert)
+        if outbound is not None and envelope.to != envelope.from_:
+            # The recipient's route decides who serves it: another relay gets the message
+            # through the queue and message.deliver, and judges rule 4 itself (a refusal
+            # from state this relay may still hold does not apply then).
+            status = await outbound.accept_outbound(
+                params, replace(new, refusal=refusal), session.device_id or "", held_here
+            )
             if status is not None:
                 return status
         accepted = await core.store.sends.accept(new)
