@@ -187,3 +187,70 @@ def test_the_peer_id_is_bound_to_the_relay_key() -> None:
         PeerIdentity.from_relay_key(key).peer_id
         != PeerIdentity.from_relay_key(AccountKey.generate()).peer_id
     )
+
+
+def test_kad_messages_and_peer_ids_match_the_dht_keyspace_vectors() -> None:
+    from gapline.meshline import peer_id_bytes
+    from gapline.relay._p2p._frames import encode_frame as frame
+    from gapline.relay._p2p._identity import _public_key_proto, peer_id_of_public_key
+    from gapline.relay._p2p._kad import FIND_NODE, KadMessage
+    from tests.meshline.test_vectors_dht import V
+
+    for case in V["keyspace"]["cases"]:
+        key = bytes.fromhex(case["key_hex"])
+        expected = case["expected"]
+        message = KadMessage(FIND_NODE, key)
+        assert message.encode().hex() == expected["find_node_request_hex"]
+        assert frame(message.encode()).hex() == expected["framed_request_hex"]
+        assert KadMessage.decode(bytes.fromhex(expected["find_node_request_hex"])) == message
+    for peer in V["keyspace"]["peers"]:
+        raw = bytes.fromhex(peer["bytes_hex"])
+        assert peer_id_bytes(peer["peer_id"]) == raw
+        if raw[0] == 0:  # an identity multihash: the Ed25519 key is inside
+            assert raw[2:4] == b"\x08\x01"
+            assert peer_id_of_public_key(_public_key_proto(raw[6:])) == raw
+
+
+def test_a_tampered_noise_message_fails_and_the_handshake_binds_both_keys() -> None:
+    from gapline.relay._p2p._noise import HandshakeState, NoiseError, StaticKey
+
+    a, b = StaticKey.generate(), StaticKey.generate()
+    ini, res = HandshakeState(initiator=True, static=a), HandshakeState(initiator=False, static=b)
+    res.read_message(ini.write_message(b""))
+    assert ini.read_message(res.write_message(b"two")) == b"two"
+    assert res.read_message(ini.write_message(b"three")) == b"three"
+    assert ini.remote_static == b.public and res.remote_static == a.public
+    (i_send, i_recv), (r_send, r_recv) = ini.split(), res.split()
+    assert r_recv.decrypt(b"", i_send.encrypt(b"", b"hello")) == b"hello"
+    assert i_recv.decrypt(b"", r_send.encrypt(b"", b"back")) == b"back"
+    tampered = bytearray(i_send.encrypt(b"", b"again"))
+    tampered[0] ^= 1
+    with pytest.raises(NoiseError):
+        r_recv.decrypt(b"", bytes(tampered))
+    # A third party's handshake message does not decrypt in this one.
+    c = HandshakeState(initiator=True, static=StaticKey.generate())
+    other = HandshakeState(initiator=False, static=StaticKey.generate())
+    other.read_message(c.write_message(b""))
+    fresh = HandshakeState(initiator=True, static=a)
+    fresh.write_message(b"")
+    with pytest.raises(NoiseError):
+        fresh.read_message(other.write_message(b"x"))
+
+
+async def test_a_yamux_peer_that_overruns_the_window_loses_the_connection(tmp_path: Path) -> None:
+    from gapline.relay._p2p import _yamux
+
+    a, b = nodes(tmp_path, 2)
+
+    async def swallow(stream: YamuxStream, incoming: Buffered, peer: VerifiedPeer) -> None:
+        await asyncio.sleep(0.5)  # reads nothing: the window never re-opens
+
+    b.host.set_handler("/test/slow", swallow)
+    async with a.host.running(), b.host.running("127.0.0.1"):
+        conn = await a.host.connect(b.host.listen_addrs[0])
+        stream, _ = await conn.open("/test/slow", b"")
+        # Ignore the window: push one frame past what B granted.
+        over = _yamux.INITIAL_WINDOW + 1
+        conn.session._send(_yamux._frame(_yamux._DATA, 0, stream.id, over, b"x" * over))
+        await asyncio.wait_for(conn.session.ended.wait(), 5)
+        assert b.host.peers == []

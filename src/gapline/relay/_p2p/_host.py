@@ -120,7 +120,7 @@ class P2pHost:
 
     @property
     def peers(self) -> list[VerifiedPeer]:
-        return [c.peer for c in self._connections.values()]
+        return [c.peer for c in self._connections.values() if not c.session.closed]
 
     @contextlib.asynccontextmanager
     async def running(self, host: str | None = None, port: int = 0) -> AsyncGenerator[P2pHost]:
