@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from gapline.relay._p2p._kad import GET_VALUE, KadMessage
 from gapline.relay._p2p._multiaddr import TcpAddr
 from gapline.relay._p2p._peers import FileRegistry, sign_registry_entry, verify_peer_descriptor
 from gapline.relay._p2p._yamux import StreamReset, YamuxStream
-from gapline.relay._peer_rpc import RELAY_PROTOCOL, PeerCallError, call_peer
+from gapline.relay._peer_rpc import RELAY_PROTOCOL, PeerCallError, call_peer, notify_peer
 from gapline.relay._route_federation import KAD_PROTOCOL
 from gapline.relay.devserver import RelayProcess
 from tests.relay.federation import (
@@ -210,6 +211,14 @@ async def test_a_route_that_moves_from_b_to_c_takes_the_deliveries(tmp_path: Pat
         net.stop_all()
 
 
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _at_least(figure: Awaitable[float], bound: float) -> bool:
+    return await figure >= bound
+
+
 def _fake_descriptor(key: AccountKey, url: str) -> bytes:
     peer = PeerIdentity.from_relay_key(key).peer_id
     body = {
@@ -303,8 +312,14 @@ async def test_a_peer_with_forged_routes_or_broken_frames_is_never_believed(
     bad_state = {**erin.state.to_wire(), "revision": erin.state.revision + 1}
     answers = {"profile.resolve": bad_profile, "device.state.resolve": bad_state}
 
+    hints: list[dict[str, Any]] = []
+
     async def rpc(stream: YamuxStream, incoming: Buffered, peer: VerifiedPeer) -> None:
         request = json.loads(await read_frame(incoming))
+        if "id" not in request:  # a notification: no answer
+            hints.append({"from": peer.relay_id, **request})
+            await stream.close()
+            return
         result = answers[request["method"]]
         body = {"jsonrpc": "2.0", "id": request["id"], "result": result}
         await stream.write(encode_frame(json.dumps(body).encode()))
@@ -364,6 +379,25 @@ async def test_a_peer_with_forged_routes_or_broken_frames_is_never_believed(
                 {"account": alice.account, "device_id": alice.devices[0].device_id},
             )
             assert status["status"] == "active"
+            # X asked about alice's device: A's next state change hints X.
+            newer = alice.new_state(list(alice.devices), revision=alice.state.revision + 1)
+            await ra.publish(alice, newer)
+            await wait_for(lambda: _true(bool(hints)), "the device.status.changed hint")
+            assert hints == [
+                {
+                    "from": a.relay_id,
+                    "jsonrpc": "2.0",
+                    "method": "device.status.changed",
+                    "params": {"account": alice.account, "device_id": alice.devices[0].device_id},
+                }
+            ]
+            # X is not alice's home: A refuses X's hint about her.
+            await notify_peer(conn, "device.status.changed", hints[0]["params"])
+            forbidden = 'method="device.status.changed",outcome="forbidden"'
+            await wait_for(
+                lambda: _at_least(metric(a, "meshline_relay_peer_calls_total", forbidden), 1),
+                "A to refuse the hint",
+            )
             with pytest.raises(PeerCallError) as refused:
                 await call_peer(conn, "message.deliver", {"envelope": {}})
             assert refused.value.code == "bad_request"

@@ -20,6 +20,8 @@ from gapline.meshline import (
     MeshlineError,
     RelayDescriptor,
     b64u_decode,
+    check_account_id,
+    check_device_id,
     parse_json,
     route_from_record,
 )
@@ -38,7 +40,7 @@ from gapline.relay._p2p._peers import (
     verify_peer_descriptor,
 )
 from gapline.relay._peer_queries import AccountQueries, Forwarder
-from gapline.relay._peer_rpc import RELAY_PROTOCOL, PeerMethod, PeerRpcServer
+from gapline.relay._peer_rpc import RELAY_PROTOCOL, PeerMethod, PeerRpcServer, notify_peer
 from gapline.relay._route_federation import FederatedRouteDht
 
 __all__ = ["Federation"]
@@ -92,6 +94,7 @@ class Federation:
             "device.state.resolve": self.queries.device_state_resolve,
             "profile.resolve": self.queries.profile_resolve,
             "message.deliver": self.delivery.message_deliver,
+            "device.status.changed": self.device_status_changed,
         }
         self.rpc = PeerRpcServer(
             {name: self._counted(name, m) for name, m in methods.items()},
@@ -183,6 +186,7 @@ class Federation:
                 tg.create_task(self._keep_dialling(TcpAddr.parse(a))) for a in self.config.bootstrap
             ]
             dialers.append(tg.create_task(self._republishing()))
+            dialers.append(tg.create_task(self._sending_hints()))
             dialers.append(tg.create_task(self._registry_peers()))
             try:
                 yield self
@@ -190,6 +194,28 @@ class Federation:
                 for task in dialers:
                     task.cancel()
                 self.relay.set_p2p_endpoints(())
+
+    async def device_status_changed(self, peer: VerifiedPeer, params: dict[str, Any]) -> None:
+        """A home relay's hint that a device's status may have changed.
+
+        Believed only from the relay the account's current route names. This relay keeps
+        no ``device.status`` cache (it asks only when it needs an answer), so a believed
+        hint has nothing to invalidate; it is counted.
+        """
+        account = check_account_id(params.get("account"), self.config.network_context)
+        check_device_id(params.get("device_id"))
+        route = await self.delivery.route_of(account)
+        if route is None or route.relay_id != peer.relay_id:
+            raise RelayFailure("forbidden", "the sender is not the account's home relay")
+
+    async def _sending_hints(self) -> None:
+        while True:
+            relay_id, hint = await self.queries.hints.get()
+            try:
+                conn = await self.delivery.connect(relay_id)
+                await notify_peer(conn, "device.status.changed", hint)
+            except (*DIAL_FAILURES, LookupError) as exc:
+                log.info("device.status.changed to %s not sent: %s", relay_id, exc)
 
     async def _republishing(self) -> None:
         """Keep this relay's routes in the DHT: at start, on each new peer, and hourly."""

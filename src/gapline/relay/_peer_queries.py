@@ -18,6 +18,7 @@ signatures and account, the device state's signatures and account). Anything els
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -49,9 +50,30 @@ _ROUTE_ERRORS = {"route_stale", "target_not_local", "route_not_found", "invalid_
 CALL_TIMEOUT = 10.0
 
 
+QUERIER_WINDOW = 600  # seconds a device.status query earns its asker change hints
+
+
 class AccountQueries:
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
+        # (account, device_id) -> {relay_id: when it last asked}: who gets
+        # device.status.changed when the account's state changes here.
+        self._askers: dict[tuple[str, str], dict[str, int]] = {}
+        self.hints: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue(maxsize=4096)
+
+    def state_changed(self, account: str) -> None:
+        """This relay accepted new state for ``account``: queue a hint for each recent asker."""
+        now = self.relay.now()
+        for (asked_account, device_id), askers in list(self._askers.items()):
+            if asked_account != account:
+                continue
+            for relay_id, when in list(askers.items()):
+                if now - when > QUERIER_WINDOW:
+                    del askers[relay_id]
+                    continue
+                hint = {"account": account, "device_id": device_id}
+                with contextlib.suppress(asyncio.QueueFull):  # a hint, not a promise
+                    self.hints.put_nowait((relay_id, hint))
 
     async def _home(self, account: str) -> Access:
         route = await self.relay.routes.current_route(account, remote=False)
@@ -67,6 +89,9 @@ class AccountQueries:
         account = check_account_id(params.get("account"), self.relay.context)
         device_id = check_device_id(params.get("device_id"))
         access = await self._home(account)
+        if len(self._askers) > 100_000:
+            self._askers.clear()
+        self._askers.setdefault((account, device_id), {})[peer.relay_id] = self.relay.now()
         cert = access.devices.valid(device_id, self.relay.now())
         if cert is None:
             return {"status": "inactive"}

@@ -30,7 +30,14 @@ from gapline.relay._p2p._frames import FramingError, encode_frame, read_frame
 from gapline.relay._p2p._host import Connection, VerifiedPeer
 from gapline.relay._p2p._yamux import YamuxStream
 
-__all__ = ["RELAY_PROTOCOL", "PeerCallError", "PeerMethod", "PeerRpcServer", "call_peer"]
+__all__ = [
+    "RELAY_PROTOCOL",
+    "PeerCallError",
+    "PeerMethod",
+    "PeerRpcServer",
+    "call_peer",
+    "notify_peer",
+]
 
 RELAY_PROTOCOL = "/meshline/relay/1.0.0"
 _SAFE = 2**53 - 1
@@ -129,6 +136,13 @@ class PeerRpcServer:
 
 
 _ids = itertools.count(1)
+
+
+async def notify_peer(conn: Connection, method: str, params: dict[str, Any]) -> None:
+    """One notification on a new stream: the frame, then close; no answer is read."""
+    body = {"jsonrpc": "2.0", "method": method, "params": params}
+    stream, _ = await conn.open(RELAY_PROTOCOL, encode_frame(json.dumps(body).encode()))
+    await stream.close()
 
 
 async def call_peer(conn: Connection, method: str, params: dict[str, Any]) -> Any:

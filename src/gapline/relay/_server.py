@@ -156,6 +156,8 @@ class RelayServer:
         # Same-process callers see the revocation at once; other processes learn it from
         # the device-state channel below.
         self._forget_sessions(account)
+        if self.federation is not None:
+            self.federation.queries.state_changed(account)
 
     def _timeline_changed(self, account: str, head: int) -> None:
         for conn in list(self._by_account.get(account, ())):
