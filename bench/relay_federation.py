@@ -4,6 +4,10 @@ libp2p round trip, send-to-notification latency across relays, route resolution.
 All relays are `gapline relay serve` subprocesses on SQLite files, peered over libp2p on
 loopback, sharing one signed registry file. In one run:
 
+The three throughput arms run in ``--turns`` alternating turns (same, cross, bare, same,
+...), each arm's rate taken over its own turns, so the shared machine's drift reaches all
+three alike.
+
 - ``same_relay``: ``--clients`` sender accounts on relay B send to one account on B as
   fast as B answers (each send counts at its HTTP 200: committed, ``target_accepted``).
 - ``cross_relay``: ``--clients`` sender accounts on relay A send to one account on B;
@@ -22,13 +26,14 @@ loopback, sharing one signed registry file. In one run:
   relay are each resolved once from A over HTTP (``account.route.resolve``: a Kademlia
   GET over A's peers, every record verified into A's replica).
 
-    python bench/relay_federation.py [--quick] [--seconds S] [--clients N]
+    python bench/relay_federation.py [--quick] [--clients N] [--per-client N] [--turns N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -36,6 +41,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -139,9 +145,15 @@ async def senders(relay: Relay, count: int) -> list[tuple[TestAccount, str]]:
 
 
 async def flood(
-    relay: Relay, clients: list[tuple[TestAccount, str]], to: TestAccount, per_client: int
+    relay: Relay,
+    clients: list[tuple[TestAccount, str]],
+    to: TestAccount,
+    per_client: int,
+    started: float | None = None,
 ) -> tuple[int, float]:
-    """Every client sends ``per_client`` pre-sealed messages to ``to``; (sent, seconds)."""
+    """Every client sends ``per_client`` pre-sealed messages to ``to``; (sent, seconds).
+
+    Sealing happens first; the clock starts after it (or at ``started``, when given)."""
     bodies = [
         [
             json.dumps(make_send_params(a, to, sender_boxes=False).to_wire()).encode()
@@ -162,12 +174,12 @@ async def flood(
     async with asyncio.TaskGroup() as tg:
         for i in range(len(clients)):
             tg.create_task(client(i))
-    return sent, time.perf_counter() - start
+    return sent, time.perf_counter() - (start if started is None else started)
 
 
-async def bare_round_trips(
-    net: Net, b: RelayProcess, clients: int, calls: int, body: dict[str, Any]
-) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def bare_connection(net: Net, b: RelayProcess) -> AsyncGenerator[Any]:
+    """This process as a registered relay, with one verified libp2p connection to B."""
     registry = FileRegistry(net.registry, TEST_CONTEXT)
     key = net.bench_key
     peer = PeerIdentity.from_relay_key(key)
@@ -187,37 +199,52 @@ async def bare_round_trips(
         lambda pid, raw: verify_peer_descriptor(pid, raw, registry=registry, context=TEST_CONTEXT, now=lambda: int(time.time()))[0],
     )  # fmt: skip
     async with host.running():
-        conn = await host.connect(TcpAddr.parse(b.info["p2p"][0]))
+        yield await host.connect(TcpAddr.parse(b.info["p2p"][0]))
 
-        async def one() -> None:
-            try:
-                await call_peer(conn, "gapline.bench.echo", body)
-            except PeerCallError as exc:
-                assert exc.number == -32601, exc
 
-        sequential = []
-        for _ in range(min(calls, 300)):
-            t0 = time.perf_counter()
-            await one()
-            sequential.append(time.perf_counter() - t0)
-        done = 0
+async def bare_call(conn: Any, body: dict[str, Any]) -> None:
+    """One relay RPC round trip that B answers without business work (no such method)."""
+    try:
+        await call_peer(conn, "gapline.bench.echo", body)
+    except PeerCallError as exc:
+        assert exc.number == -32601, exc
 
-        async def worker(n: int) -> None:
-            nonlocal done
-            for _ in range(n):
-                await one()
-                done += 1
 
-        start = time.perf_counter()
-        async with asyncio.TaskGroup() as tg:
-            for _ in range(clients):
-                tg.create_task(worker(max(1, calls // clients)))
-        elapsed = time.perf_counter() - start
-    return {
-        "calls": done, "clients": clients, "calls_per_second": round(done / elapsed, 1),
-        "sequential_p50_ms": pct(sequential, 0.5), "sequential_p99_ms": pct(sequential, 0.99),
-        "request_bytes": len(json.dumps(body)),
-    }  # fmt: skip
+async def bare_turn(conn: Any, clients: int, calls: int, body: dict[str, Any]) -> tuple[int, float]:
+    done = 0
+
+    async def worker(n: int) -> None:
+        nonlocal done
+        for _ in range(n):
+            await bare_call(conn, body)
+            done += 1
+
+    start = time.perf_counter()
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(clients):
+            tg.create_task(worker(max(1, calls // clients)))
+    return done, time.perf_counter() - start
+
+
+async def cross_turn(
+    a: Relay,
+    pa: RelayProcess,
+    http: aiohttp.ClientSession,
+    clients: list[tuple[TestAccount, str]],
+    to: TestAccount,
+    per_client: int,
+) -> tuple[int, float, float]:
+    """(sends, seconds until B accepted the last, seconds until A answered the last)."""
+    label = 'outcome="target_accepted"'
+    before = await metric(pa, http, "meshline_relay_deliveries_total", label)
+    start = time.perf_counter()
+    sent, answered = await flood(a, clients, to, per_client, started=start)
+    while True:  # polling another process's counter: no event to wait on
+        done = await metric(pa, http, "meshline_relay_deliveries_total", label)
+        if done - before >= sent:
+            break
+        await asyncio.sleep(0.01)
+    return sent, time.perf_counter() - start, answered
 
 
 async def notify_latency(
@@ -278,13 +305,14 @@ async def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--per-client", type=int, default=40, help="sends per client per phase")
+    parser.add_argument("--per-client", type=int, default=100, help="sends per client per arm")
+    parser.add_argument("--turns", type=int, default=5, help="alternating turns per arm")
     parser.add_argument("--probes", type=int, default=200)
     parser.add_argument("--lookups", type=int, default=50)
     args = parser.parse_args()
     sizes = (3, 10)
     if args.quick:
-        args.clients, args.per_client, args.probes, args.lookups = 4, 5, 10, 5
+        args.clients, args.per_client, args.probes, args.lookups, args.turns = 4, 6, 10, 5, 2
         sizes = (3, 4)
     result: dict[str, Any] = {
         "bench": "relay_federation",
@@ -303,51 +331,58 @@ async def main() -> None:
                 a, b = Relay(pa, http), Relay(pb, http)
                 bob = make_account()
                 await home(b, bob)
-                log("same-relay sends on B")
                 on_b = await senders(b, args.clients)
-                sent, seconds = await flood(b, on_b, bob, args.per_client)
-                same = {
-                    "sends": sent,
-                    "seconds": round(seconds, 2),
-                    "sends_per_second": round(sent / seconds, 1),
-                }
-                log(f"  {same}")
-
-                log("cross-relay sends A -> B")
                 on_a = await senders(a, args.clients)
-                before = await metric(
-                    pa, http, "meshline_relay_deliveries_total", 'outcome="target_accepted"'
-                )
-                start = time.perf_counter()
-                sent, answered = await flood(a, on_a, bob, args.per_client)
-                label = 'outcome="target_accepted"'
-                while True:  # polling another process's counter: no event to wait on
-                    done = await metric(pa, http, "meshline_relay_deliveries_total", label)
-                    if done - before >= sent:
-                        break
-                    await asyncio.sleep(0.02)
-                seconds = time.perf_counter() - start
-                cross = {
-                    "sends": sent, "seconds": round(seconds, 2),
-                    "deliveries_per_second": round(sent / seconds, 1),
-                    "accepted_by_a_per_second": round(sent / answered, 1),
-                }  # fmt: skip
-                log(f"  {cross}")
-
-                log("bare relay RPC round trips to B")
                 sample = make_send_params(on_a[0][0], bob, sender_boxes=False).to_wire()
                 sample["signer_certificate"] = on_a[0][0].device().certificate.to_wire()
-                bare = await bare_round_trips(
-                    net, pb, args.clients, args.clients * args.per_client, sample
-                )
-                log(f"  {bare}")
-
+                per_turn = max(1, args.per_client // args.turns)
+                same_n = cross_n = bare_n = 0
+                same_s = cross_s = answered_s = bare_s = 0.0
+                async with bare_connection(net, pb) as conn:
+                    sequential = []
+                    for _ in range(300 if not args.quick else 20):
+                        t0 = time.perf_counter()
+                        await bare_call(conn, sample)
+                        sequential.append(time.perf_counter() - t0)
+                    # Turns alternate, so drift on the shared machine hits all three arms.
+                    for turn in range(args.turns):
+                        log(f"turn {turn + 1}/{args.turns}: same-relay on B, A -> B, bare RPC to B")
+                        n, secs = await flood(b, on_b, bob, per_turn)
+                        same_n, same_s = same_n + n, same_s + secs
+                        n, secs, answered = await cross_turn(a, pa, http, on_a, bob, per_turn)
+                        cross_n, cross_s, answered_s = (
+                            cross_n + n,
+                            cross_s + secs,
+                            answered_s + answered,
+                        )
+                        n, secs = await bare_turn(
+                            conn, args.clients, args.clients * per_turn, sample
+                        )
+                        bare_n, bare_s = bare_n + n, bare_s + secs
+                same = {
+                    "sends": same_n,
+                    "seconds": round(same_s, 2),
+                    "sends_per_second": round(same_n / same_s, 1),
+                }
+                cross = {
+                    "sends": cross_n, "seconds": round(cross_s, 2),
+                    "deliveries_per_second": round(cross_n / cross_s, 1),
+                    "accepted_by_a_per_second": round(cross_n / answered_s, 1),
+                }  # fmt: skip
+                bare = {
+                    "calls": bare_n, "clients": args.clients, "seconds": round(bare_s, 2),
+                    "calls_per_second": round(bare_n / bare_s, 1),
+                    "sequential_p50_ms": pct(sequential, 0.5), "sequential_p99_ms": pct(sequential, 0.99),
+                    "request_bytes": len(json.dumps(sample)),
+                }  # fmt: skip
+                log(f"  same {same}\n  cross {cross}\n  bare {bare}")
                 cost_cross = 1 / cross["deliveries_per_second"]
                 cost_bare = 1 / bare["calls_per_second"]
                 cost_same = 1 / same["sends_per_second"]
                 result["same_relay"] = same
                 result["cross_relay"] = cross
                 result["bare_round_trip"] = bare
+                result["turns"] = args.turns
                 result["per_delivery_ratio"] = round(cost_cross / (cost_bare + cost_same), 2)
                 result["cross_over_bare"] = round(cost_cross / cost_bare, 2)
                 result["cross_over_same"] = round(cost_cross / cost_same, 2)
