@@ -30,6 +30,7 @@ from gapline.meshline import (
     DeviceCertificate,
     SendParams,
     check_account_id,
+    route_dht_key,
     verify_envelope,
 )
 from gapline.relay._errors import RelayFailure
@@ -77,9 +78,15 @@ class DeliveryService:
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(concurrency)
         self._remembered: set[str] = set()  # remote signer certificates already stored
-        relay.routes.on_changed.append(lambda _key: self._routes.clear())
+        self._accounts_by_key: dict[bytes, str] = {}
+        relay.routes.on_changed.append(self._route_changed)
 
     # -- routes -----------------------------------------------------------------------
+    def _route_changed(self, key: bytes) -> None:
+        account = self._accounts_by_key.pop(key, None)
+        if account is not None:
+            self._routes.pop(account, None)
+
     async def route_of(self, account: str, *, refresh: bool = False) -> AccountRoute | None:
         """The account's current route after a DHT lookup, remembered until it expires or a
         replica commit changes any key (None is remembered for ``NO_ROUTE_TTL``)."""
@@ -90,6 +97,8 @@ class DeliveryService:
         route = await self.relay.routes.current_route(account, remote=True)
         if len(self._routes) > 100_000:
             self._routes.clear()
+            self._accounts_by_key.clear()
+        self._accounts_by_key[route_dht_key(account, self.relay.context)] = account
         until = now + NO_ROUTE_TTL if route is None else route.expires_at
         self._routes[account] = (route, until)
         return route
