@@ -313,7 +313,11 @@ async def test_a_peer_with_forged_routes_or_broken_frames_is_never_believed(
         "signer_certificate": erin.device().certificate.to_wire(),
     }
     bad_state = {**erin.state.to_wire(), "revision": erin.state.revision + 1}
-    answers = {"profile.resolve": bad_profile, "device.state.resolve": bad_state}
+    answers = {
+        "profile.resolve": bad_profile,
+        "device.state.resolve": bad_state,
+        "message.deliver": {"status": "delivering", "accepted_at": 1},  # never acceptance
+    }
 
     hints: list[dict[str, Any]] = []
 
@@ -361,6 +365,16 @@ async def test_a_peer_with_forged_routes_or_broken_frames_is_never_believed(
                 )
             refused = 'method="profile.resolve",outcome="unverified_answer"'
             assert await metric(a, "meshline_relay_peer_calls_total", refused) == 1
+            # A delivery X answers with anything but target_accepted ends as bad_gateway.
+            to_erin = send_body(alice, erin)
+            assert (await ra.ok("message.send", to_erin, token=token))["status"] == "delivering"
+            mid = to_erin["envelope"]["message_id"]
+
+            async def ended() -> bool:
+                st = await ra.ok("message.delivery.status", {"message_id": mid}, token=token)
+                return st["status"] == "failed" and st["error"]["code"] == "bad_gateway"
+
+            await wait_for(ended, "the delivery to end as bad_gateway")
 
             # Framing violations on relay RPC reset the stream; the connection stays.
             for raw in (

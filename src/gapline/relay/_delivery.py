@@ -28,6 +28,7 @@ from typing import Any
 from gapline.meshline import (
     AccountRoute,
     DeviceCertificate,
+    MeshlineError,
     SendParams,
     check_account_id,
     route_dht_key,
@@ -191,6 +192,11 @@ class DeliveryService:
     ) -> None:
         try:
             await self._deliver(item, json.loads(item.params) if params is None else params)
+        except Exception:
+            # Not an answer of the target (a store failure, a bug): the item stays queued
+            # and the scan tries it again; the worker itself carries on.
+            log.exception("delivery of %s failed; it stays queued", item.message_id)
+            self.metrics.deliveries.labels("retry_internal").inc()
         finally:
             self._inflight.discard(key)
             self._slots.release()
@@ -218,8 +224,9 @@ class DeliveryService:
                 code = "bad_gateway"
             await self._finish(item, code, exc.message)
             return
-        except (*DIAL_FAILURES, FramingError, LookupError) as exc:
-            # Receipt unknown (or never attempted): the same target is asked again.
+        except (*DIAL_FAILURES, FramingError, LookupError, MeshlineError) as exc:
+            # Receipt unknown (or never attempted; or an answer that is not JSON-RPC): the
+            # same target is asked again.
             log.info("delivery of %s not confirmed: %s", item.message_id, exc)
             await self._retry(item, "unreachable")
             return

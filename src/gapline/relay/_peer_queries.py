@@ -174,6 +174,8 @@ class Forwarder:
                 raise RelayFailure(
                     "temporarily_unavailable", f"the home relay is unreachable: {exc}"
                 ) from None
+            except MeshlineError as exc:  # an answer that is not JSON-RPC
+                raise RelayFailure("bad_gateway", f"the home relay's answer: {exc}") from None
         raise RelayFailure("target_not_local", "the account's home relay could not be confirmed")
 
     def _refuse(self, method: str, exc: Exception) -> RelayFailure:

@@ -126,6 +126,10 @@ class PeerRpcServer:
             return None if notification else self._failure(request_id, exc)
         except MeshlineError as exc:
             return None if notification else self._failure(request_id, failure_from_meshline(exc))
+        except Exception:
+            log.exception("relay RPC %s from %s failed", method, peer.peer_id_text)
+            failure = RelayFailure("internal_error", "the relay failed to process the request")
+            return None if notification else self._failure(request_id, failure)
         if notification:
             return None
         return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode()

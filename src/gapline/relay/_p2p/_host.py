@@ -290,6 +290,10 @@ class P2pHost:
         except (MultistreamError, StreamReset) as exc:
             log.info("stream from %s reset: %s", peer.peer_id_text, exc)
             stream.reset()
+        except Exception:
+            # A handler's failure is that stream's, not the connection's or the process's.
+            log.exception("stream handler failed; stream from %s reset", peer.peer_id_text)
+            stream.reset()
 
 
 class _Rechannel:
