@@ -36,13 +36,13 @@ from gapline.meshline import (
 )
 from gapline.relay._errors import RelayFailure
 from gapline.relay._methods import Relay
-from gapline.relay._methods._messaging import MessageMethods, digest_and_parts
+from gapline.relay._methods._messaging import MessageMethods, digest_and_parts, new_send
 from gapline.relay._metrics import RelayMetrics
 from gapline.relay._p2p._frames import FramingError
 from gapline.relay._p2p._host import DIAL_FAILURES, P2pHost, VerifiedPeer
 from gapline.relay._p2p._multiaddr import TcpAddr
 from gapline.relay._peer_rpc import PeerCallError, call_peer
-from gapline.relay._store import KeyBox, NewSend
+from gapline.relay._store import NewSend
 from gapline.relay._store._deliveries import PendingDelivery
 
 __all__ = ["DeliveryService"]
@@ -307,18 +307,12 @@ class DeliveryService:
                 self._remembered.clear()
             self._remembered.add(device_id)
         accepted = await core.store.sends.accept(
-            NewSend(
-                from_account=envelope.from_,
-                to_account=envelope.to,
-                from_device_id=envelope.from_device_id,
-                message_id=envelope.message_id,
-                digest=digest,
-                envelope=parts["envelope"],
-                recipient_boxes=tuple(
-                    KeyBox(b.device_id, text)
-                    for b, text in zip(send.recipient_boxes, recipient_texts, strict=True)
-                ),
-                sender_boxes=None,
+            new_send(
+                send,
+                digest,
+                parts,
+                recipient_texts,
+                [],
                 retention=core.config.retention,
                 now=now,
                 refusal=refusal or denied,

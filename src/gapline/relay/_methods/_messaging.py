@@ -40,7 +40,7 @@ from gapline.relay._methods._base import (
 from gapline.relay._methods._core import RelayCore
 from gapline.relay._store import KeyBox, NewSend
 
-__all__ = ["MessageMethods", "digest_and_parts"]
+__all__ = ["MessageMethods", "digest_and_parts", "new_send"]
 
 
 def digest_and_parts(params: dict[str, Any]) -> tuple[str, dict[str, str], list[str], list[str]]:
@@ -67,6 +67,43 @@ def digest_and_parts(params: dict[str, Any]) -> tuple[str, dict[str, str], list[
         parts["sender_boxes"] = "[" + ",".join(sender_texts) + "]"
     canonical = "{" + ",".join(member_name(k) + parts[k] for k in sorted(parts)) + "}"
     return hashlib.sha256(canonical.encode()).hexdigest(), parts, recipient_texts, sender_texts
+
+
+def new_send(
+    send: SendParams,
+    digest: str,
+    parts: dict[str, str],
+    recipient_texts: list[str],
+    sender_texts: list[str],
+    *,
+    retention: int,
+    now: int,
+    refusal: Exception | None,
+) -> NewSend:
+    """The store's record of a verified send (or delivery): the objects as received
+    (unknown fields included; members sorted)."""
+    envelope = send.envelope
+    return NewSend(
+        from_account=envelope.from_,
+        to_account=envelope.to,
+        from_device_id=envelope.from_device_id,
+        message_id=envelope.message_id,
+        digest=digest,
+        envelope=parts["envelope"],
+        recipient_boxes=tuple(
+            KeyBox(b.device_id, text)
+            for b, text in zip(send.recipient_boxes, recipient_texts, strict=True)
+        ),
+        sender_boxes=None
+        if send.sender_boxes is None
+        else tuple(
+            KeyBox(b.device_id, text)
+            for b, text in zip(send.sender_boxes, sender_texts, strict=True)
+        ),
+        retention=retention,
+        now=now,
+        refusal=refusal,
+    )
 
 
 class MessageMethods:
@@ -158,24 +195,12 @@ class MessageMethods:
             )
         verify_envelope(envelope, await core.signing_key(session.device_id or ""), core.context)
         denied, held_here = await self._authorize(send, now)
-        # Records keep the objects as received (unknown fields included; members sorted).
-        new = NewSend(
-            from_account=envelope.from_,
-            to_account=envelope.to,
-            from_device_id=envelope.from_device_id,
-            message_id=envelope.message_id,
-            digest=digest,
-            envelope=parts["envelope"],
-            recipient_boxes=tuple(
-                KeyBox(b.device_id, text)
-                for b, text in zip(send.recipient_boxes, recipient_texts, strict=True)
-            ),
-            sender_boxes=None
-            if send.sender_boxes is None
-            else tuple(
-                KeyBox(b.device_id, text)
-                for b, text in zip(send.sender_boxes, sender_texts, strict=True)
-            ),
+        new = new_send(
+            send,
+            digest,
+            parts,
+            recipient_texts,
+            sender_texts,
             retention=core.config.retention,
             now=now,
             refusal=refusal or denied,

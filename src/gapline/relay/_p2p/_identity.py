@@ -21,7 +21,14 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from gapline.meshline import AccountKey, b58encode
-from gapline.relay._p2p._protobuf import ProtoError, bytes_field, fields, varint_field
+from gapline.relay._p2p._protobuf import (
+    ProtoError,
+    as_bytes,
+    as_int,
+    bytes_field,
+    fields,
+    varint_field,
+)
 
 __all__ = [
     "HandshakePayload",
@@ -74,12 +81,6 @@ class PeerIdentity:
         return bytes_field(1, self.public_proto) + bytes_field(2, sig) + bytes_field(4, extensions)
 
 
-def _bytes(value: int | bytes) -> bytes:
-    if not isinstance(value, bytes):
-        raise ProtoError("a bytes field has the wrong wire type")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class HandshakePayload:
     """A verified ``NoiseHandshakePayload``: whose static key it was, and its descriptor."""
@@ -96,27 +97,25 @@ class HandshakePayload:
         seen_extensions = False
         for number, _, value in fields(data):
             if number == 1:
-                key = _bytes(value)
+                key = as_bytes(value)
             elif number == 2:
-                sig = _bytes(value)
+                sig = as_bytes(value)
             elif number == 4:
-                extensions += _bytes(value)  # embedded messages merge
+                extensions += as_bytes(value)  # embedded messages merge
                 seen_extensions = True
         descriptor: bytes | None = None
         for number, _, value in fields(extensions):
             if number == _RELAY_DESCRIPTOR_FIELD:
-                descriptor = _bytes(value)
+                descriptor = as_bytes(value)
         if key is None or sig is None or not seen_extensions or descriptor is None:
             raise ProtoError("handshake payload lacks identity_key, identity_sig or descriptor")
         key_type: int | None = None
         raw: bytes | None = None
         for number, _, value in fields(key):
             if number == 1:
-                if not isinstance(value, int):
-                    raise ProtoError("key type is not a varint")
-                key_type = value
+                key_type = as_int(value)
             elif number == 2:
-                raw = _bytes(value)
+                raw = as_bytes(value)
         # Only Ed25519 identities are accepted: what every relay of this stack presents.
         if key_type != _ED25519 or raw is None or len(raw) != 32:
             raise ProtoError("identity key is not an Ed25519 libp2p key")

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gapline.relay._p2p._protobuf import ProtoError, bytes_field, fields, varint_field
+from gapline.relay._p2p._protobuf import (
+    ProtoError,
+    as_bytes,
+    as_int,
+    bytes_field,
+    fields,
+    varint_field,
+)
 
 __all__ = ["FIND_NODE", "GET_VALUE", "KAD_PROTOCOL", "PUT_VALUE", "KadMessage", "KadPeer"]
 
@@ -48,13 +55,13 @@ class KadMessage:
         closer: list[KadPeer] = []
         for number, _, value in fields(data):
             if number == 1:
-                kind = _int(value)
+                kind = as_int(value)
             elif number == 2:
-                key = _bytes(value)
+                key = as_bytes(value)
             elif number == 3:
-                record_raw = (record_raw or b"") + _bytes(value)  # embedded messages merge
+                record_raw = (record_raw or b"") + as_bytes(value)  # embedded messages merge
             elif number == 8:
-                closer.append(_peer(_bytes(value)))
+                closer.append(_peer(as_bytes(value)))
         if kind is None or kind not in _KNOWN:
             raise ProtoError("unknown or missing message type")
         record = None
@@ -62,9 +69,9 @@ class KadMessage:
             rkey, rvalue = b"", b""
             for number, _, value in fields(record_raw):
                 if number == 1:
-                    rkey = _bytes(value)
+                    rkey = as_bytes(value)
                 elif number == 2:
-                    rvalue = _bytes(value)
+                    rvalue = as_bytes(value)
             if rkey != key:
                 raise ProtoError("record.key differs from Message.key")
             record = (rkey, rvalue)
@@ -75,19 +82,7 @@ def _peer(data: bytes) -> KadPeer:
     peer_id, addrs = b"", []
     for number, _, value in fields(data):
         if number == 1:
-            peer_id = _bytes(value)
+            peer_id = as_bytes(value)
         elif number == 2:
-            addrs.append(_bytes(value))
+            addrs.append(as_bytes(value))
     return KadPeer(peer_id, tuple(addrs))
-
-
-def _int(value: int | bytes) -> int:
-    if not isinstance(value, int):
-        raise ProtoError("a varint field has the wrong wire type")
-    return value
-
-
-def _bytes(value: int | bytes) -> bytes:
-    if not isinstance(value, bytes):
-        raise ProtoError("a bytes field has the wrong wire type")
-    return value

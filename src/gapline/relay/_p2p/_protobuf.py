@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from gapline.meshline import BadRequest, decode_uvarint, encode_uvarint
 
-__all__ = ["ProtoError", "bytes_field", "fields", "varint_field"]
+__all__ = ["ProtoError", "as_bytes", "as_int", "bytes_field", "fields", "varint_field"]
 
 
 class ProtoError(Exception):
@@ -59,3 +59,16 @@ def fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
             at += width
         else:
             raise ProtoError(f"unsupported wire type {wire}")
+
+
+def as_bytes(value: int | bytes) -> bytes:
+    """A length-delimited field's value; a varint where bytes belong is invalid."""
+    if not isinstance(value, bytes):
+        raise ProtoError("a bytes field has the wrong wire type")
+    return value
+
+
+def as_int(value: int | bytes) -> int:
+    if not isinstance(value, int):
+        raise ProtoError("a varint field has the wrong wire type")
+    return value
