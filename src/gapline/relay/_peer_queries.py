@@ -34,12 +34,12 @@ from gapline.meshline import (
     public_access,
     verify_device_state,
     verify_resolved_profile,
-    verify_state_query,
 )
 from gapline.relay._errors import RelayFailure
 from gapline.relay._methods import Relay
 from gapline.relay._methods._access import Access
 from gapline.relay._methods._base import stored
+from gapline.relay._methods._device_state import check_signed_query
 from gapline.relay._p2p._frames import FramingError
 from gapline.relay._p2p._host import DIAL_FAILURES, VerifiedPeer
 from gapline.relay._peer_rpc import PeerCallError, call_peer
@@ -104,13 +104,7 @@ class AccountQueries:
         if SIGNED_QUERY_FIELDS & params.keys():
             query = SignedStateQuery.from_wire(params)
             now = core.now()
-            verify_state_query(
-                query,
-                context=core.context,
-                now=now,
-                max_skew=core.config.clock_skew,
-                max_age=core.config.clock_skew,
-            )
+            check_signed_query(core, query, now, caller=None)  # no session to bind here
             access = await self._home(query.account)
             authorize_state_query(
                 query, target_devices=access.devices, now=now, context=core.context

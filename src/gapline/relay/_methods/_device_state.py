@@ -26,7 +26,22 @@ from gapline.relay._methods._base import Call, Method, SessionMode, require, sto
 from gapline.relay._methods._core import RelayCore
 from gapline.relay._store import DeviceEntry, NewState, Session
 
-__all__ = ["DeviceStateMethods"]
+__all__ = ["DeviceStateMethods", "check_signed_query"]
+
+
+def check_signed_query(
+    core: RelayCore, query: SignedStateQuery, now: int, *, caller: tuple[str, str] | None
+) -> None:
+    """A signed query's own checks; freshness: ``created_at`` within the relay's clock
+    tolerance either way. ``caller`` is the session's (account, device) where one exists."""
+    verify_state_query(
+        query,
+        context=core.context,
+        now=now,
+        max_skew=core.config.clock_skew,
+        max_age=core.config.clock_skew,
+        caller=caller,
+    )
 
 
 def _found(access: Access | None) -> Access:
@@ -106,15 +121,7 @@ class DeviceStateMethods:
             raise RelayFailure("forbidden", "signed queries need a device session")
         query = SignedStateQuery.from_wire(params)
         now = core.now()
-        # Freshness: created_at within the relay's clock tolerance either way.
-        verify_state_query(
-            query,
-            context=core.context,
-            now=now,
-            max_skew=core.config.clock_skew,
-            max_age=core.config.clock_skew,
-            caller=(session.account, session.device_id or ""),
-        )
+        check_signed_query(core, query, now, caller=(session.account, session.device_id or ""))
         access = await self.access.of(query.account)
         if access is None and core.forwarder is not None:
             # Checked here for the calling device; sent on unchanged, checked there again.
