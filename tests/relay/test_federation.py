@@ -27,7 +27,7 @@ from gapline.meshline import (
     sign_profile,
     sign_route,
 )
-from gapline.meshline.testing import TEST_CONTEXT, make_account
+from gapline.meshline.testing import TEST_CONTEXT, TestAccount, make_account
 from gapline.relay._p2p._channel import Buffered
 from gapline.relay._p2p._frames import FRAME_LIMIT, encode_frame, read_frame
 from gapline.relay._p2p._host import P2pHost, VerifiedPeer
@@ -433,3 +433,64 @@ async def test_the_descriptor_lists_libp2p_only_while_served(tmp_path: Path) -> 
         assert not any(e.startswith("/") for e in endpoints)
     finally:
         assert plain.stop() == 0
+
+
+async def test_state_queries_cross_relays_with_the_target_rules(tmp_path: Path) -> None:
+    from gapline.meshline import AccountRoute, issue_grant, sign_state_query
+
+    net = Network(tmp_path, [str(tmp_path / "a.db"), str(tmp_path / "b.db")])
+    a, b = net.members
+    try:
+        for member in net.members:
+            net.start(member)
+        async with httpx.AsyncClient(timeout=30) as http:
+            ra, rb = a.client(http), b.client(http)
+            alice, bob, carol = make_account(), make_account(), make_account()
+            await make_home(ra, alice, 1)
+            # Bob is homed on B without public discovery.
+            await rb.publish(bob, public=False)
+            await rb.publish_profile(bob, public_discovery=False)
+            now = int(time.time())
+            draft = sign_route(
+                bob.key, TEST_CONTEXT, relay_id=b.relay_id, revision=1, updated_at=now,
+                expires_at=now + 3600,
+            )  # fmt: skip
+            AccountRoute.from_wire(
+                await rb.ok(
+                    "account.route.publish", draft.to_wire(), token=await rb.account_login(bob)
+                )
+            )
+            token = await ra.login(alice)
+            # A public query crosses as a public query: B refuses it for a private account.
+            assert await ra.error(
+                "device.state.resolve", {"account": bob.account}, token=token
+            ) == (
+                403,
+                "forbidden",
+            )
+            # The profile has no contact rules.
+            resolved = await ra.ok("profile.resolve", {"account": bob.account}, token=token)
+            assert resolved["profile"]["public_discovery"] is False
+
+            def query(grantee: TestAccount) -> dict[str, Any]:
+                dev = bob.device()
+                grant = issue_grant(
+                    dev.keys,
+                    dev.device_id,
+                    TEST_CONTEXT,
+                    grantor=bob.account,
+                    grantee=grantee.account,
+                )
+                asker = alice.device()
+                return sign_state_query(
+                    asker.keys, asker.certificate, TEST_CONTEXT, account=bob.account,
+                    authorization=grant, created_at=int(time.time()),
+                ).to_wire()  # fmt: skip
+
+            answer = await ra.call("device.state.resolve", query(alice), token=token, verb="POST")
+            assert answer.status_code == 200, answer.text
+            assert answer.json() == bob.state.to_wire()
+            wrong = await ra.call("device.state.resolve", query(carol), token=token, verb="POST")
+            assert (wrong.status_code, wrong.json()["code"]) == (403, "forbidden")
+    finally:
+        net.stop_all()
