@@ -22,7 +22,16 @@ from typing import Any
 import nio
 import vodozemac
 
-from gapline.e2ee import CryptoDriver, DecryptedEvent, KeyUpdates, RoomKey, UnableToDecrypt
+from gapline.e2ee import (
+    CryptoDriver,
+    DecryptedEvent,
+    KeyUpdates,
+    RoomKey,
+    UnableToDecrypt,
+    VerificationEvent,
+    VerificationStatus,
+    send_verification,
+)
 from gapline.matrix import ClientEvent, MatrixClient, Session, SyncResponse
 from gapline.storage import Backend, Migration, Tx, open_backend
 
@@ -60,6 +69,7 @@ class GaplineDevice:
     decrypted: dict[str, DecryptedEvent] = field(default_factory=dict)
     retained: dict[str, tuple[str, ClientEvent, UnableToDecrypt]] = field(default_factory=dict)
     healed: list[str] = field(default_factory=list)
+    verifications: list[VerificationStatus] = field(default_factory=list)  # each step's status
 
     async def start(self, homeserver: str) -> GaplineDevice:
         self.client = MatrixClient(homeserver, session=self.session, trust_env=False)
@@ -110,12 +120,24 @@ class GaplineDevice:
         updates = machine.receive_sync(
             answer, initial=self.since is None
         )  # to-device first: keys for this sync's events
+        room_events: list[VerificationEvent] = []
         for room_id, events in encrypted.items():
             for event, result in zip(
                 events, machine.decrypt_room_events(room_id, events), strict=True
             ):
                 self._keep(room_id, event, result)
+                if isinstance(result, DecryptedEvent):
+                    room_events.append(VerificationEvent.from_room(room_id, event, result))
+        for room_id, room in answer.rooms.join.items():
+            plain = [e for e in room.timeline.events if e.type != "m.room.encrypted"]
+            room_events.extend(VerificationEvent.from_room(room_id, e) for e in plain)
         self._heal(updates)
+        to_device = [*answer.to_device.events, *updates.to_device]
+        for event in [*map(VerificationEvent.from_to_device, to_device), *room_events]:
+            if event.is_verification:
+                status = machine.verification.receive(event)
+                if status is not None:
+                    self.verifications.append(status)
         token = answer.next_batch
 
         def save_token(tx: Tx) -> None:
@@ -130,6 +152,7 @@ class GaplineDevice:
         sent = await self.driver.send_outgoing()
         self._heal(sent.updates)
         await self.driver.commit()
+        await send_verification(self.driver)
         return updates
 
     def _keep(

@@ -75,12 +75,14 @@ from ._recovery_key import (
     decode_recovery_key,
     encode_recovery_key,
 )
+from ._sas import EMOJI, ShortString
 from ._schema import E2EE_MIGRATIONS, E2EE_SCHEMA
 from ._secret_storage import (
     SecretStorageError,
     SecretStorageKey,
     WrongRecoveryKey,
 )
+from ._sharing_policy import SharingPolicy
 from ._store import StoredState, load_state, save_changes
 from ._types import (
     MEGOLM,
@@ -108,22 +110,40 @@ from ._vault import (
     USER_SIGNING_SECRET,
     SecretVault,
 )
+from ._verification import FLOW_TIMEOUT_MS, STEP_TIMEOUT_MS, Verifications
+from ._verification_driver import (
+    publish_verified,
+    request_verification_in_room,
+    send_verification,
+)
+from ._verification_types import (
+    CancelCode,
+    VerificationEvent,
+    VerificationMessage,
+    VerificationState,
+    VerificationStatus,
+)
+from ._verified import VerifiedMarks
 
 __all__ = [
     "BACKUP_ALGORITHM",
     "BACKUP_SECRET",
     "E2EE_MIGRATIONS",
     "E2EE_SCHEMA",
+    "EMOJI",
+    "FLOW_TIMEOUT_MS",
     "MASTER_SECRET",
     "MEGOLM",
     "OLM",
     "RECOVERABLE_SECRETS",
     "SELF_SIGNING_SECRET",
+    "STEP_TIMEOUT_MS",
     "USER_SIGNING_SECRET",
     "BackupEntryInvalid",
     "BackupKey",
     "BackupTrust",
     "BackupUpload",
+    "CancelCode",
     "Changes",
     "CorruptCryptoStore",
     "CrossSigning",
@@ -160,12 +180,20 @@ __all__ = [
     "SendResult",
     "ShareReport",
     "ShareState",
+    "SharingPolicy",
+    "ShortString",
     "StoredState",
     "TrustLevel",
     "UnableToDecrypt",
     "UnknownRequest",
     "UnsavedChanges",
     "UtdReason",
+    "VerificationEvent",
+    "VerificationMessage",
+    "VerificationState",
+    "VerificationStatus",
+    "Verifications",
+    "VerifiedMarks",
     "WrongRecoveryKey",
     "WrongStoreKey",
     "bootstrap_cross_signing",
@@ -181,10 +209,13 @@ __all__ = [
     "load_state",
     "merge_updates",
     "open_machine",
+    "publish_verified",
     "recover",
     "recover_from_server",
+    "request_verification_in_room",
     "restore_backup",
     "save_changes",
+    "send_verification",
     "set_up_recovery",
     "setup_recovery",
     "sign_own_device",

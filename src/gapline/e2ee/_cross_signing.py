@@ -36,6 +36,7 @@ from ._canonical import SignatureInvalid, b64decode, b64encode, signed, verify_s
 from ._devices import DeviceTracker
 from ._types import Device, TrustLevel
 from ._vault import MASTER_SECRET, SELF_SIGNING_SECRET, USER_SIGNING_SECRET, SecretVault
+from ._verified import VerifiedMarks
 
 __all__ = ["CrossSigning", "CrossSigningBootstrap"]
 
@@ -94,6 +95,7 @@ class CrossSigning:
         self._cache_key: tuple[int, int] = (-1, -1)
         self._master: str | None = None
         self._verified: dict[str, bool] = {}
+        self.marks: VerifiedMarks | None = None  # interactive verification's marks, if any
 
     def _fresh(self) -> None:
         key = (self._devices.cross_generation, self._vault.generation)
@@ -233,4 +235,13 @@ class CrossSigning:
     def trust_of(self, device: Device) -> TrustLevel:
         if device.trust is TrustLevel.CROSS_SIGNED and self.user_verified(device.user_id):
             return TrustLevel.VERIFIED
+        marks = self.marks
+        if marks is not None and device.trust is not TrustLevel.OWN:
+            if marks.device_verified(device):
+                return TrustLevel.VERIFIED
+            master = _single_key(self._devices.cross_signing_keys(device.user_id).get("master"))
+            if device.trust is TrustLevel.CROSS_SIGNED and marks.master_verified(
+                device.user_id, master
+            ):
+                return TrustLevel.VERIFIED
         return device.trust

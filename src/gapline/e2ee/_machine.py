@@ -15,7 +15,8 @@ Each job has its own sub-machine (a reader finds a rule by the name)::
 
 Key files (`_key_export.py`) and recovery (`_recovery.py`) are functions over the
 machine; the async steps of recovery, backup and cross-signing are in
-`_key_driver.py`. SAS verification (fed by `KeyUpdates.to_device`) is still to come.
+`_key_driver.py`. ``verification`` (`Verifications`) runs interactive SAS verification;
+``sharing`` (`SharingPolicy`) decides whether trust limits who gets room keys.
 
 The caller drives it (no I/O here): feed what the homeserver said
 (`receive_sync`, room state via `set_room_encryption` / `room_member_left` /
@@ -63,6 +64,7 @@ from ._olm import OlmSessions
 from ._outbound import GroupSessionManager
 from ._parts import Parts
 from ._secrets import CryptoKeys
+from ._sharing_policy import SharingPolicy, apply_policy
 from ._store import StoredState
 from ._to_device import Received, ToDeviceReceiver
 from ._types import (
@@ -79,6 +81,8 @@ from ._types import (
     UnableToDecrypt,
 )
 from ._vault import SecretVault
+from ._verification import Verifications
+from ._verified import VerifiedMarks
 
 __all__ = ["CryptoMachine"]
 
@@ -127,6 +131,11 @@ class CryptoMachine:
         self.vault = SecretVault(keys)  # private keys held: backup key, cross-signing seeds
         self.cross_signing = CrossSigning(account, self.devices, self.vault)
         self.backup = KeyBackup(self.inbound, self.vault, self.devices, account, self.cross_signing)
+        self.cross_signing.marks = VerifiedMarks(self.vault)
+        self.verification = Verifications(
+            account, self.devices, self.cross_signing, self.cross_signing.marks, clock
+        )
+        self.sharing = SharingPolicy.ALL_DEVICES  # set by the caller after opening
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -222,7 +231,7 @@ class CryptoMachine:
     def _device_by_curve25519(self, key: str) -> Device | None:
         """The device of a Curve25519 key, its trust raised to ``VERIFIED`` where due."""
         d = self.devices.by_curve25519(key)
-        if d is None or d.trust is not TrustLevel.CROSS_SIGNED:
+        if d is None or d.trust is TrustLevel.OWN:
             return d
         return replace(d, trust=self.cross_signing.trust_of(d))
 
@@ -294,13 +303,13 @@ class CryptoMachine:
     def decrypt_room_event(
         self, room_id: str, event: ClientEvent
     ) -> DecryptedEvent | UnableToDecrypt:
-        return self.inbound.decrypt(room_id, event)
+        return apply_policy(self.sharing, self.inbound.decrypt(room_id, event))
 
     def decrypt_room_events(
         self, room_id: str, events: Iterable[ClientEvent]
     ) -> list[DecryptedEvent | UnableToDecrypt]:
-        decrypt = self.inbound.decrypt
-        return [decrypt(room_id, e) for e in events]
+        decrypt, policy = self.inbound.decrypt, self.sharing
+        return [apply_policy(policy, decrypt(room_id, e)) for e in events]
 
     def share_room_key(
         self,
@@ -324,7 +333,7 @@ class CryptoMachine:
         self.devices.track(users)
         if any(self.devices.tracked.get(u) for u in users):
             return ShareReport(room_id, ShareState.NEEDS_KEYS_QUERY)
-        plan = self.outbound.plan(room_id, users)
+        plan = self.outbound.plan(room_id, users, self._may_receive)
         now = self._clock()
         need, no_olm = [], []
         for d in plan.need_session:
@@ -349,6 +358,10 @@ class CryptoMachine:
             withheld=tuple((d.user_id, d.device_id) for d in no_olm),
             unreachable_users=plan.unreachable_users,
         )
+
+    def _may_receive(self, device: Device) -> bool:
+        trust = self.cross_signing.trust_of(device)
+        return self.sharing.may_receive(replace(device, trust=trust))
 
     def encrypt_room_event(
         self, room_id: str, event_type: str, content: dict[str, Any]

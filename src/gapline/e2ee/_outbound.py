@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,8 +205,11 @@ class GroupSessionManager:
             )
         return settings
 
-    def plan(self, room_id: str, users: Iterable[str]) -> SharePlan:
-        """Decide who needs the room's session; creates or rotates the session first."""
+    def plan(
+        self, room_id: str, users: Iterable[str], allow: Callable[[Device], bool] | None = None
+    ) -> SharePlan:
+        """Decide who needs the room's session; creates or rotates the session first.
+        ``allow`` narrows the recipients (the sharing policy); one it drops rotates the session."""
         settings = self._require_settings(room_id)
         now = self._parts.clock()
         members = set(users) | {self._parts.account.user_id}
@@ -216,7 +219,7 @@ class GroupSessionManager:
             for d in self._parts.devices.devices_of(user)
             if d.device_id != self._parts.account.device_id
             or d.user_id != self._parts.account.user_id
-            if OLM in d.algorithms
+            if OLM in d.algorithms and (allow is None or allow(d))
         ]
         current = {(d.user_id, d.device_id) for d in recipients}
         outbound = self._sessions.get(room_id)

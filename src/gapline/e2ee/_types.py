@@ -94,6 +94,7 @@ class RefusalCode(enum.StrEnum):
     SESSION_MISMATCH = "session_mismatch"
     FORWARD_NOT_TRUSTED = "forward_not_trusted"
     MEGOLM_REPLAY = "megolm_replay"
+    UNVERIFIED_DEVICE = "unverified_device"
 
 
 @dataclass(frozen=True, slots=True)

@@ -146,6 +146,8 @@ from gapline.meshline._identity import (
     verify_device_auth,
 )
 from gapline.meshline._ids import (
+    b58decode,
+    b58encode,
     check_account_id,
     check_device_id,
     check_message_id,
@@ -339,6 +341,8 @@ __all__ = [
     "account_verify",
     "authorize_delivery",
     "authorize_state_query",
+    "b58decode",
+    "b58encode",
     "b64u_decode",
     "b64u_encode",
     "body_references",

@@ -24,6 +24,7 @@ __all__ = [
     "MESSAGE_ID_RE",
     "RELAY_ID_RE",
     "b58decode",
+    "b58encode",
     "check_account_id",
     "check_device_id",
     "check_message_id",
@@ -50,7 +51,7 @@ def _hash160(data: bytes) -> bytes:
     return ripemd160(hashlib.sha256(data).digest())
 
 
-def _b58encode(data: bytes) -> str:
+def b58encode(data: bytes) -> str:
     n = int.from_bytes(data, "big")
     out = []
     while n:
@@ -83,7 +84,7 @@ def neo_account_id(public_key: bytes, context: NetworkContext) -> str:
     """``neo:<magic>:<address>`` for a compressed P-256 public key."""
     payload = bytes([_NEO_ADDRESS_VERSION]) + neo_script_hash(public_key)
     checksum = hashlib.sha256(hashlib.sha256(payload).digest()).digest()[:4]
-    return f"neo:{context.magic}:{_b58encode(payload + checksum)}"
+    return f"neo:{context.magic}:{b58encode(payload + checksum)}"
 
 
 def relay_id_from_public_key(public_key: bytes) -> str:

@@ -76,6 +76,15 @@ class RelayConfig:
     page_limit: int = 200
     descriptor_ttl: int = 86400
     shutdown_timeout: float = 10.0
+    # Federation: the libp2p TCP listener (host, port), peers to dial at start, and the
+    # file of signed registry records that says which relays are active.
+    p2p_listen: tuple[str, int] | None = None
+    bootstrap: tuple[str, ...] = ()
+    registry_file: Path | None = None
+    # PUT_VALUE acknowledgements a route publication waits for (fewer when fewer peers).
+    route_replicas: int = 1
+    republish_interval: float = 3600.0
+    peer_refresh_interval: float = 30.0
     clock: Callable[[], int] = system_clock
 
     def __post_init__(self) -> None:

@@ -48,6 +48,27 @@ class RelayMetrics:
         self.ws_connections = Gauge(
             "meshline_relay_ws_connections", "Open WebSocket connections.", registry=self.registry
         )
+        self.peers = Gauge(
+            "meshline_relay_peers", "Verified libp2p relay connections.", registry=self.registry
+        )
+        self.peer_calls = Counter(
+            "meshline_relay_peer_calls",
+            "Relay RPC requests answered, by method and outcome.",
+            ["method", "outcome"],
+            registry=self.registry,
+        )
+        self.dht_ops = Counter(
+            "meshline_relay_dht_operations",
+            "Relay DHT operations, by operation and outcome.",
+            ["operation", "outcome"],
+            registry=self.registry,
+        )
+        self.deliveries = Counter(
+            "meshline_relay_deliveries",
+            "Cross-relay deliveries ended or retried, by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.notifications = Counter(
             "meshline_relay_notifications",
             "Notifications sent to WebSocket clients.",

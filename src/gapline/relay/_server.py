@@ -92,6 +92,7 @@ class RelayServer:
         self.port = config.port
         self._runner: web.AppRunner | None = None
         self._stopping = False
+        self.federation: Any = None  # the Federation, when a libp2p listener is configured
 
     # -- sessions ----------------------------------------------------------------------
 
@@ -155,6 +156,8 @@ class RelayServer:
         # Same-process callers see the revocation at once; other processes learn it from
         # the device-state channel below.
         self._forget_sessions(account)
+        if self.federation is not None:
+            self.federation.queries.state_changed(account)
 
     def _timeline_changed(self, account: str, head: int) -> None:
         for conn in list(self._by_account.get(account, ())):
@@ -339,13 +342,21 @@ class RelayServer:
             ),
             asyncio.create_task(self._cleanup_loop(), name="relay-cleanup"),
         ]
+        peers = contextlib.AsyncExitStack()
         try:
             if site.port:
                 self.port = site.port
                 self.relay.set_url(self.url)
+            if config.p2p_listen is not None:
+                from gapline.relay._federation import Federation
+
+                self.federation = await peers.enter_async_context(
+                    Federation(self.relay, config, self.metrics).running()
+                )
             log.info("relay listening", extra={"url": self.url, "relay_id": self.relay.relay_id})
             yield
         finally:
+            await peers.aclose()
             self._stopping = True
             for conn in list(self.connections):
                 await conn.ws.close(code=WSCloseCode.GOING_AWAY, message=b"relay shutting down")
@@ -373,4 +384,7 @@ class RelayServer:
         return ("wss" + url[5:]) if url.startswith("https") else ("ws" + url[4:])
 
     def describe(self) -> dict[str, Any]:
-        return {"url": self.url, "ws_url": self.ws_url, "relay_id": self.relay.relay_id}
+        out = {"url": self.url, "ws_url": self.ws_url, "relay_id": self.relay.relay_id}
+        if self.relay.p2p_endpoints:
+            out["p2p"] = list(self.relay.p2p_endpoints)
+        return out

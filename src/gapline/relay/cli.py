@@ -45,7 +45,13 @@ SERVE_EXAMPLES = examples(
         "--tls-cert cert.pem --tls-key key.pem",
     ),
 )
-EXAMPLES = SERVE_EXAMPLES
+ENTRY_EXAMPLES = examples(
+    (
+        "gapline relay registry-entry --relay-key b.key --url https://relay-b.example/meshline/v1",
+        "--network-context neo:860833102:0x...",
+    ),
+)
+EXAMPLES = SERVE_EXAMPLES + "\n" + ENTRY_EXAMPLES
 
 _LOG_FIELDS = (
     "method",
@@ -166,20 +172,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="message_retention: how long each accepted record is kept (fixed per record at acceptance)",
     )
-    serve.add_argument(
-        "--network-context",
-        default=DEFAULT_NETWORK_CONTEXT,
-        metavar="CONTEXT",
-        help="trusted network context neo:<magic>:0x<registry> (never sent on the wire); "
-        "the default is the local-development value, shared by every local client",
-    )
-    serve.add_argument(
-        "--relay-key",
-        type=Path,
-        metavar="FILE",
-        help="the relay's P-256 private key (32 raw bytes or base64url); default: generated "
-        "into the database on first start",
-    )
+    _identity_flags(serve)
     serve.add_argument(
         "--public-url",
         metavar="URL",
@@ -269,7 +262,90 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long shutdown waits for in-flight requests",
     )
+    serve.add_argument(
+        "--p2p-listen",
+        type=_listen,
+        metavar="HOST:PORT",
+        help="serve the libp2p TCP listener other relays reach (relay RPC); needs "
+        "--registry-file; the descriptor lists it only while it is bound",
+    )
+    serve.add_argument(
+        "--bootstrap",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
+        help="a relay to dial at start, /ip4/HOST/tcp/PORT/p2p/PEER_ID (repeatable)",
+    )
+    serve.add_argument(
+        "--registry-file",
+        type=Path,
+        metavar="FILE",
+        help="JSON file of signed registry records: which relays are active (docs/relay.md)",
+    )
     add_log_flags(serve)
+    _configure_entry(sub)
+
+
+def _identity_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that say which relay and network: the same in every relay subcommand."""
+    parser.add_argument(
+        "--network-context",
+        default=DEFAULT_NETWORK_CONTEXT,
+        metavar="CONTEXT",
+        help="trusted network context neo:<magic>:0x<registry> (never sent on the wire); "
+        "the default is the local-development value, shared by every local client",
+    )
+    parser.add_argument(
+        "--relay-key",
+        type=Path,
+        metavar="FILE",
+        help="the relay's P-256 private key (32 raw bytes or base64url); relay serve without "
+        "it generates one into the database on first start",
+    )
+
+
+def _configure_entry(sub: Any) -> None:
+    entry = subcommand(
+        sub,
+        "registry-entry",
+        help="print this relay's signed registry record (for --registry-file) and Peer ID",
+        description=(
+            "Print one JSON line: the registry record of the relay whose key is --relay-key,\n"
+            "signed by that key, and the libp2p Peer ID its listener will present. Collect\n"
+            'the records of every relay of a network into {"entries": [...]}, the file\n'
+            "each relay reads with --registry-file."
+        ),
+        examples=ENTRY_EXAMPLES,
+    )
+    _identity_flags(entry)
+    entry.add_argument(
+        "--url", required=True, metavar="URL", help="the relay's HTTPS base URL (its descriptor)"
+    )
+    entry.add_argument(
+        "--status", default="active", metavar="STATUS", help="active, or anything else to retire it"
+    )
+
+
+def _registry_entry(args: argparse.Namespace) -> int:
+    from gapline.meshline import AccountKey, MeshlineError, NetworkContext, b58encode, b64u_decode
+    from gapline.relay._p2p._identity import PeerIdentity
+    from gapline.relay._p2p._peers import sign_registry_entry
+
+    if args.relay_key is None:
+        raise CommandError("--relay-key is required: the record is signed with it", Exit.USAGE)
+    if not args.relay_key.is_file():
+        raise CommandError(f"--relay-key {args.relay_key}: no such file", Exit.USAGE)
+    try:
+        context = NetworkContext(args.network_context)
+        data = args.relay_key.read_bytes()
+        secret = data if len(data) == 32 else b64u_decode(data.decode().strip(), length=32)
+        key = AccountKey.from_private_bytes(secret)
+    except (MeshlineError, ValueError) as exc:
+        raise CommandError(f"--relay-key / --network-context: {exc}", Exit.USAGE) from None
+    entry = sign_registry_entry(key, args.url, context, status=args.status)
+    peer = b58encode(PeerIdentity.from_relay_key(key).peer_id)
+    print(json.dumps({"entry": entry, "peer_id": peer}))
+    return 0
 
 
 def _field_of(flag: str) -> str:
@@ -277,7 +353,9 @@ def _field_of(flag: str) -> str:
     return flag.removeprefix("--").replace("-", "_")
 
 
-def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
+def run(args: argparse.Namespace) -> Coroutine[None, None, int] | int:
+    if args.relay_command == "registry-entry":
+        return _registry_entry(args)
     from gapline.meshline import MeshlineError, NetworkContext
 
     handler = logging.StreamHandler(sys.stderr)
@@ -298,9 +376,17 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
         ("--relay-key", args.relay_key),
         ("--tls-cert", args.tls_cert),
         ("--tls-key", args.tls_key),
+        ("--registry-file", args.registry_file),
     ):
         if path is not None and not path.is_file():
             raise CommandError(f"{flag} {path}: no such file", Exit.USAGE)
+    if args.p2p_listen is not None and args.registry_file is None:
+        raise CommandError("--p2p-listen needs --registry-file", Exit.USAGE)
+    if args.bootstrap and args.p2p_listen is None:
+        raise CommandError("--bootstrap needs --p2p-listen", Exit.USAGE)
+    for addr in args.bootstrap:
+        if "/p2p/" not in addr:
+            raise CommandError(f"--bootstrap {addr}: must end in /p2p/PEER_ID", Exit.USAGE)
     host, port = args.listen
     try:
         config = RelayConfig(
@@ -324,6 +410,9 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
             delivery_age_limit=args.delivery_age_limit,
             page_limit=args.page_limit,
             shutdown_timeout=args.shutdown_timeout,
+            p2p_listen=args.p2p_listen,
+            bootstrap=tuple(args.bootstrap),
+            registry_file=args.registry_file,
             **{field: getattr(args, _field_of(flag)) for flag, field, *_ in _LIMITS},
         )
     except ValueError as exc:

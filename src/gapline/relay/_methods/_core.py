@@ -8,6 +8,7 @@ them (relay ID, URLs, origin), plus the pure-verification caches several familie
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from gapline.meshline import (
     AccountKey,
@@ -18,11 +19,25 @@ from gapline.meshline import (
 )
 from gapline.relay._config import RelayConfig
 from gapline.relay._errors import RelayFailure
-from gapline.relay._store import AcceptedSend, TimelineStore
+from gapline.relay._store import AcceptedSend, NewSend, TimelineStore
 
 __all__ = ["RelayCore"]
 
 _CACHE_LIMIT = 10_000
+
+
+class Outbound(Protocol):
+    async def accept_outbound(
+        self, call_params: dict[str, Any], send: NewSend, device_id: str, held_here: bool
+    ) -> dict[str, Any] | None: ...
+
+
+class Forwarding(Protocol):
+    """Client reads of an account homed on another relay, answered by that relay."""
+
+    async def profile(self, account: str) -> dict[str, Any]: ...
+
+    async def device_state(self, account: str, params: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class RelayCore:
@@ -35,6 +50,11 @@ class RelayCore:
         self.context = config.network_context
         self.relay_id = key.relay_id()
         self.base_url = self.ws_url = self.origin = ""
+        # The libp2p TCP addresses actually served (set once the listener is bound).
+        self.p2p_endpoints: tuple[str, ...] = ()
+        # Federation's delivery service: message.send to accounts homed on other relays.
+        self.outbound: Outbound | None = None
+        self.forwarder: Forwarding | None = None
         self.on_url_changed: list[Callable[[], None]] = []
         if config.public_url or config.port:
             self.set_url(config.url)  # else: set once the listening port is known
@@ -53,6 +73,11 @@ class RelayCore:
         self.base_url = url
         self.ws_url = ("wss" + url[5:]) if url.startswith("https") else ("ws" + url[4:])
         self.origin = relay_origin(url)
+        for changed in self.on_url_changed:
+            changed()
+
+    def set_p2p_endpoints(self, endpoints: tuple[str, ...]) -> None:
+        self.p2p_endpoints = endpoints
         for changed in self.on_url_changed:
             changed()
 

@@ -1,10 +1,10 @@
 """``device.state.publish`` and ``device.state.resolve`` (own reads, public queries, signed
 queries carrying a ``ContactGrant`` or ``ContactInvite``).
 
-This relay is the home relay of every account that publishes its state to it (the
-standalone deviation in docs/relay.md), so publication is authoritative, never staged,
-and every query is answered here, never forwarded. An account it holds no state for is
-``not_found`` whatever the query form: it is not this relay's to answer for.
+This relay is the home relay of every account that publishes its state to it, so
+publication is authoritative, never staged. A query for an account it holds no state
+for is forwarded to the account's home relay when federated (``RelayCore.forwarder``,
+which believes only an answer that verifies), else ``not_found`` whatever its form.
 """
 
 from __future__ import annotations
@@ -26,7 +26,22 @@ from gapline.relay._methods._base import Call, Method, SessionMode, require, sto
 from gapline.relay._methods._core import RelayCore
 from gapline.relay._store import DeviceEntry, NewState, Session
 
-__all__ = ["DeviceStateMethods"]
+__all__ = ["DeviceStateMethods", "check_signed_query"]
+
+
+def check_signed_query(
+    core: RelayCore, query: SignedStateQuery, now: int, *, caller: tuple[str, str] | None
+) -> None:
+    """A signed query's own checks; freshness: ``created_at`` within the relay's clock
+    tolerance either way. ``caller`` is the session's (account, device) where one exists."""
+    verify_state_query(
+        query,
+        context=core.context,
+        now=now,
+        max_skew=core.config.clock_skew,
+        max_age=core.config.clock_skew,
+        caller=caller,
+    )
 
 
 def _found(access: Access | None) -> Access:
@@ -93,7 +108,10 @@ class DeviceStateMethods:
             return stored(own)
         if session.mode != "device":
             raise RelayFailure("forbidden", "an account session reads only its own state")
-        access = _found(await self.access.of(account))
+        access = await self.access.of(account)
+        if access is None and self.core.forwarder is not None:
+            return await self.core.forwarder.device_state(account, {"account": account})
+        access = _found(access)
         public_access(access.profile).check()
         return stored(access.state)
 
@@ -103,16 +121,12 @@ class DeviceStateMethods:
             raise RelayFailure("forbidden", "signed queries need a device session")
         query = SignedStateQuery.from_wire(params)
         now = core.now()
-        # Freshness: created_at within the relay's clock tolerance either way.
-        verify_state_query(
-            query,
-            context=core.context,
-            now=now,
-            max_skew=core.config.clock_skew,
-            max_age=core.config.clock_skew,
-            caller=(session.account, session.device_id or ""),
-        )
-        access = _found(await self.access.of(query.account))
+        check_signed_query(core, query, now, caller=(session.account, session.device_id or ""))
+        access = await self.access.of(query.account)
+        if access is None and core.forwarder is not None:
+            # Checked here for the calling device; sent on unchanged, checked there again.
+            return await core.forwarder.device_state(query.account, params)
+        access = _found(access)
         authorize_state_query(
             query, target_devices=access.devices, now=now, context=core.context
         ).check()

@@ -36,18 +36,22 @@ class InfoMethods:
         }
 
     async def relay_descriptor(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
+        return self.descriptor()
+
+    def descriptor(self) -> dict[str, Any]:
+        """The signed descriptor, renewed at half its lifetime or when endpoints change."""
         core = self.core
         now = core.now()
         ttl = core.config.descriptor_ttl
         if self._descriptor is None or now >= self._descriptor_until - ttl // 2:
             expires_at = now + ttl
-            # A standalone relay has no libp2p listener; it lists its HTTPS and WSS endpoints
-            # only (a documented deviation: public relays must list a libp2p address).
+            # The libp2p address is listed only while the listener is bound (a standalone
+            # relay has none: a documented deviation, public relays must list one).
             body: dict[str, Any] = {
                 "$type": "meshline.relay.descriptor",
                 "relay_id": core.relay_id,
                 "public_key": core.key.public_key_b64,
-                "endpoints": [core.base_url, core.ws_url],
+                "endpoints": [core.base_url, core.ws_url, *core.p2p_endpoints],
                 "expires_at": expires_at,
             }
             body["relay_signature"] = core.key.sign_object(body, core.context, exclude=())

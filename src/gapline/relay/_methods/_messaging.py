@@ -13,6 +13,7 @@ refused before anything else.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Any
 
 from gapline.meshline import (
@@ -39,10 +40,10 @@ from gapline.relay._methods._base import (
 from gapline.relay._methods._core import RelayCore
 from gapline.relay._store import KeyBox, NewSend
 
-__all__ = ["MessageMethods"]
+__all__ = ["MessageMethods", "digest_and_parts", "new_send"]
 
 
-def _digest_and_parts(params: dict[str, Any]) -> tuple[str, dict[str, str], list[str], list[str]]:
+def digest_and_parts(params: dict[str, Any]) -> tuple[str, dict[str, str], list[str], list[str]]:
     """The digest of the complete params' canonical form, and the parts the store keeps.
 
     Idempotency compares the canonical JSON of the complete params. Sorted-key compact
@@ -66,6 +67,43 @@ def _digest_and_parts(params: dict[str, Any]) -> tuple[str, dict[str, str], list
         parts["sender_boxes"] = "[" + ",".join(sender_texts) + "]"
     canonical = "{" + ",".join(member_name(k) + parts[k] for k in sorted(parts)) + "}"
     return hashlib.sha256(canonical.encode()).hexdigest(), parts, recipient_texts, sender_texts
+
+
+def new_send(
+    send: SendParams,
+    digest: str,
+    parts: dict[str, str],
+    recipient_texts: list[str],
+    sender_texts: list[str],
+    *,
+    retention: int,
+    now: int,
+    refusal: Exception | None,
+) -> NewSend:
+    """The store's record of a verified send (or delivery): the objects as received
+    (unknown fields included; members sorted)."""
+    envelope = send.envelope
+    return NewSend(
+        from_account=envelope.from_,
+        to_account=envelope.to,
+        from_device_id=envelope.from_device_id,
+        message_id=envelope.message_id,
+        digest=digest,
+        envelope=parts["envelope"],
+        recipient_boxes=tuple(
+            KeyBox(b.device_id, text)
+            for b, text in zip(send.recipient_boxes, recipient_texts, strict=True)
+        ),
+        sender_boxes=None
+        if send.sender_boxes is None
+        else tuple(
+            KeyBox(b.device_id, text)
+            for b, text in zip(send.sender_boxes, sender_texts, strict=True)
+        ),
+        retention=retention,
+        now=now,
+        refusal=refusal,
+    )
 
 
 class MessageMethods:
@@ -92,8 +130,12 @@ class MessageMethods:
             ),
         ]
 
-    async def _authorization(self, send: SendParams, now: int) -> RelayFailure | None:
+    async def authorization(self, send: SendParams, now: int) -> RelayFailure | None:
         """Receiving rule 4: None when the send may be delivered, else its refusal."""
+        return (await self._authorize(send, now))[0]
+
+    async def _authorize(self, send: SendParams, now: int) -> tuple[RelayFailure | None, bool]:
+        """Rule 4's verdict, and whether this relay holds the recipient's state."""
         sender, recipient = send.envelope.from_, send.envelope.to
         if sender == recipient:
             # The library refuses material on self-delivery without consulting the devices.
@@ -109,12 +151,12 @@ class MessageMethods:
         else:
             access = await self.access.of(recipient)
             if access is None:
-                # Not an account of this relay: the store finds no valid recipient device
-                # (device_unknown; cross-relay delivery is not offered yet). Material that
-                # does not even parse is still a bad request.
+                # Not an account of this relay: its home relay judges rule 4 (standalone, the
+                # store finds no valid recipient device: device_unknown). Material that does
+                # not even parse is still a bad request.
                 if send.authorization is not None:
                     parse_authorization(send.authorization)
-                return None
+                return None, False
             verdict = authorize_delivery(
                 send.authorization,
                 sender=sender,
@@ -125,10 +167,10 @@ class MessageMethods:
                 context=self.core.context,
             )
         if verdict.allowed:
-            return None
+            return None, True
         if verdict.code == "bad_request":
             verdict.check()  # a parameter error: raised whether or not this is a retry
-        return RelayFailure(verdict.code or "forbidden", verdict.message)
+        return RelayFailure(verdict.code or "forbidden", verdict.message), True
 
     async def message_send(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         core = self.core
@@ -139,7 +181,7 @@ class MessageMethods:
         check_account_id(envelope.to, core.context, field="to")
         if envelope.from_ != session.account or envelope.from_device_id != session.device_id:
             raise RelayFailure("forbidden", "envelope from/from_device_id must be the session's")
-        digest, parts, recipient_texts, sender_texts = _digest_and_parts(params)
+        digest, parts, recipient_texts, sender_texts = digest_and_parts(params)
         now = core.now()
         # Time and authorization checks refuse only new requests: a retry of an accepted
         # message still gets its result after the age limit has passed, so the store raises
@@ -152,31 +194,28 @@ class MessageMethods:
                 "message_expired", "the envelope is older than the delivery age limit"
             )
         verify_envelope(envelope, await core.signing_key(session.device_id or ""), core.context)
-        denied = await self._authorization(send, now)
-        # Records keep the objects as received (unknown fields included; members sorted).
-        accepted = await core.store.sends.accept(
-            NewSend(
-                from_account=envelope.from_,
-                to_account=envelope.to,
-                from_device_id=envelope.from_device_id,
-                message_id=envelope.message_id,
-                digest=digest,
-                envelope=parts["envelope"],
-                recipient_boxes=tuple(
-                    KeyBox(b.device_id, text)
-                    for b, text in zip(send.recipient_boxes, recipient_texts, strict=True)
-                ),
-                sender_boxes=None
-                if send.sender_boxes is None
-                else tuple(
-                    KeyBox(b.device_id, text)
-                    for b, text in zip(send.sender_boxes, sender_texts, strict=True)
-                ),
-                retention=core.config.retention,
-                now=now,
-                refusal=refusal or denied,
-            )
+        denied, held_here = await self._authorize(send, now)
+        new = new_send(
+            send,
+            digest,
+            parts,
+            recipient_texts,
+            sender_texts,
+            retention=core.config.retention,
+            now=now,
+            refusal=refusal or denied,
         )
+        outbound = core.outbound
+        if outbound is not None and envelope.to != envelope.from_:
+            # The recipient's route decides who serves it: another relay gets the message
+            # through the queue and message.deliver, and judges rule 4 itself (a refusal
+            # from state this relay may still hold does not apply then).
+            status = await outbound.accept_outbound(
+                params, replace(new, refusal=refusal), session.device_id or "", held_here
+            )
+            if status is not None:
+                return status
+        accepted = await core.store.sends.accept(new)
         if core.on_appended is not None and accepted.appended:
             core.on_appended(accepted)
         return accepted.result.to_json()

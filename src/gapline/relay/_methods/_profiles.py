@@ -81,6 +81,8 @@ class ProfileMethods:
         account = core.account(params.get("account"))
         found = await core.store.profiles.current(account)
         if found is None:
+            if core.forwarder is not None and await self.access.of(account) is None:
+                return await core.forwarder.profile(account)  # homed elsewhere
             raise RelayFailure("not_found", "no profile for this account")
         return {
             "profile": stored(found.canonical),

@@ -28,15 +28,17 @@ class Relay(RelayCore):
 
     def __init__(self, config: RelayConfig, store: TimelineStore, key: AccountKey) -> None:
         super().__init__(config, store, key)
-        access = AccessReader(self)
+        access = self.access = AccessReader(self)
         self.routes = RouteMethods(self)
+        self.messages = MessageMethods(self, access)
+        self.info = InfoMethods(self)
         families = (
-            InfoMethods(self),
+            self.info,
             AuthMethods(self),
             DeviceStateMethods(self, access),
             ProfileMethods(self, access),
             self.routes,
-            MessageMethods(self, access),
+            self.messages,
         )
         self.methods: dict[str, Method] = {
             m.name: m for family in families for m in family.methods()

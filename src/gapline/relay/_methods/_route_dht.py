@@ -109,6 +109,10 @@ class LocalRouteDht:
             if route.revision < history.revision:
                 raise StaleState("a higher route revision is known for this account")
             new = history.observe(route, self.context)
+            if new == history and value.decode() in await self.routes.values(
+                key.hex(), self.clock()
+            ):
+                return  # already held: a republication or a lookup that found it again
             if await self.commit(key, expected=row, history=new, route=route):
                 return
         raise RelayFailure("state_conflict", "concurrent route writes; try again")

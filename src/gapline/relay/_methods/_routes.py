@@ -16,6 +16,7 @@ go through ``resolve_records`` instead, which verifies each first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,9 +86,16 @@ class RouteMethods:
         # the commits, so a lookup that raced one is not kept.
         self._cache = core.store.single_writer
         self._answers: dict[bytes, _Answer] = {}
+        self._local: dict[bytes, tuple[AccountRoute | None, int]] = {}
         self._changes = 0
         self._keys: dict[str, bytes] = {}  # DHT key by (valid) account ID
         self.replica.on_commit = self._changed
+        # Federation: the key of another active relay (from the Registry), and callbacks
+        # told of every key whose stored values changed.
+        self.peer_key: Callable[[str], bytes | None] | None = None
+        self.on_changed: list[Callable[[bytes], None]] = []
+        # With federation, "no route here" may be found on other nodes: not cached.
+        self.cache_missing = True
 
     def methods(self) -> list[Method]:
         return [
@@ -102,8 +110,49 @@ class RouteMethods:
         ]
 
     def _relay_key(self, relay_id: str) -> bytes | None:
-        """A relay's verified key: this relay's own (there is no Registry to ask for others)."""
-        return self.core.key.public_key if relay_id == self.core.relay_id else None
+        """A relay's verified key: this relay's own, or an active Registry relay's."""
+        if relay_id == self.core.relay_id:
+            return self.core.key.public_key
+        return None if self.peer_key is None else self.peer_key(relay_id)
+
+    async def current_route(self, account: str, *, remote: bool) -> AccountRoute | None:
+        """The account's current route (None: none known), from this replica alone or after a
+        network lookup (``remote``: the values other nodes hold are verified into the replica
+        first). ``invalid_state`` on an unresolved conflict. No answer cache is consulted.
+        """
+        core = self.core
+        key = route_dht_key(account, core.context)
+        if remote:
+            await self.dht.get(key)
+        else:
+            known = self._local.get(key)
+            if known is not None and core.now() < known[1]:
+                return known[0]
+        for _ in range(CAS_ATTEMPTS):
+            changes = self._changes
+            history, row = await self.replica.history(key)
+            values = await self.replica.get(key)
+            resolution = select_route(
+                [self._parse(key, v) for v in values], history, context=core.context, now=core.now()
+            )
+            if resolution.history == history or await self.replica.commit(
+                key, expected=row, history=resolution.history
+            ):
+                try:
+                    route: AccountRoute | None = resolution.result()
+                except MeshlineError as exc:
+                    if exc.code != "not_found":
+                        raise RelayFailure(exc.code, exc.message) from None
+                    route = None
+                if self._cache and self._changes == changes:
+                    # Only this process writes the replica: the answer holds until a commit
+                    # changes the key (``_changed``) or the route expires.
+                    if len(self._local) > _CACHE_LIMIT:
+                        self._local.clear()
+                    until = MAX_SAFE_INTEGER if route is None else route.expires_at
+                    self._local[key] = (route, until)
+                return route
+        raise RelayFailure("state_conflict", "concurrent route writes; try again")
 
     async def route_publish(self, call: Call, params: dict[str, Any]) -> dict[str, Any]:
         core = self.core
@@ -157,7 +206,8 @@ class RouteMethods:
             )
             if resolution.history == history:
                 answer = _Answer.of(resolution)
-                if self._cache and self._changes == changes:
+                keep = answer.error is None or self.cache_missing
+                if self._cache and keep and self._changes == changes:
                     self._remember(key, answer)
                 return answer.result()
             if await self.replica.commit(key, expected=row, history=resolution.history):
@@ -172,7 +222,10 @@ class RouteMethods:
     def _changed(self, key: bytes) -> None:
         """A commit changed what is stored under ``key``: its answer is decided again."""
         self._answers.pop(key, None)
+        self._local.pop(key, None)
         self._changes += 1
+        for callback in self.on_changed:
+            callback(key)
 
     def _parse(self, key: bytes, value: bytes) -> AccountRoute:
         route = self._parsed.get((key, value))

@@ -191,6 +191,16 @@ class Accounts:
 
         return await self.backend.read(op)
 
+    async def remember_certificate(self, device_id: str, account: str, certificate: str) -> None:
+        """Keep a remote sender's certificate for sync pages (a known device's stays)."""
+        await self.backend.write(
+            lambda tx: tx.execute(
+                "INSERT INTO device_certificates (device_id, account, certificate) "
+                "VALUES (?, ?, ?) ON CONFLICT (device_id) DO NOTHING",
+                (device_id, account, certificate),
+            )
+        )
+
     async def certificate(self, device_id: str) -> str | None:
         def op(tx: Tx) -> str | None:
             row = tx.one(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from gapline.relay._store import _accounts, _routes, _sends, _timeline
 from gapline.relay._store._accounts import Accounts
+from gapline.relay._store._deliveries import Deliveries
 from gapline.relay._store._profiles import Profiles
 from gapline.relay._store._routes import Routes
 from gapline.relay._store._schema import MIGRATIONS, SCHEMA
@@ -59,6 +60,7 @@ class TimelineStore:
         self.timelines = Timelines(backend)
         self.profiles = Profiles(backend)
         self.routes = Routes(backend)
+        self.deliveries = Deliveries(backend)
 
     @property
     def single_writer(self) -> bool:

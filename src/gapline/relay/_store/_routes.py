@@ -63,6 +63,20 @@ class Routes:
 
         return await self.backend.read(op)
 
+    async def held(self, now: int, after: str, limit: int) -> list[tuple[str, str]]:
+        """(key, value) of unexpired records with keys after ``after``, in key order: the
+        republication scan pages through the replica with it."""
+
+        def op(tx: Tx) -> list[tuple[str, str]]:
+            rows = tx.all(
+                "SELECT dht_key, value FROM route_records WHERE dht_key > ? AND expires_at > ?"
+                " ORDER BY dht_key LIMIT ?",
+                (after, now, limit),
+            )
+            return [(str(k), str(v)) for k, v in rows]
+
+        return await self.backend.read(op)
+
     async def values(self, key: str, now: int) -> list[str]:
         """The unexpired values stored under ``key`` (covered by the primary key)."""
 

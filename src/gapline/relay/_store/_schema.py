@@ -162,6 +162,24 @@ CREATE INDEX route_records_by_expiry ON route_records (expires_at);
 """
 
 
+_V3 = """
+-- Cross-relay deliveries this relay owes (message.send accepted for an account homed on
+-- another relay): the complete message.deliver params, resent unchanged until a terminal
+-- state; deadline is fixed at acceptance. The row goes when the send's status is final.
+CREATE TABLE deliveries (
+    from_account TEXT NOT NULL,
+    message_id   TEXT NOT NULL,
+    to_account   TEXT NOT NULL,
+    params       TEXT NOT NULL,
+    deadline     {BIG} NOT NULL,
+    next_attempt {BIG} NOT NULL,
+    attempts     INTEGER NOT NULL,
+    PRIMARY KEY (from_account, message_id)
+);
+CREATE INDEX deliveries_due ON deliveries (next_attempt);
+"""
+
+
 def _both(version: int, name: str, text: str) -> Migration:
     return Migration(
         version=version,
@@ -174,4 +192,5 @@ def _both(version: int, name: str, text: str) -> Migration:
 MIGRATIONS = [
     _both(1, "timelines, device state, sessions, sends", _V1),
     _both(2, "profiles, account routes and their version information", _V2),
+    _both(3, "cross-relay deliveries owed", _V3),
 ]
