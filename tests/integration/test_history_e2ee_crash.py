@@ -11,22 +11,21 @@ kills it there. Nothing is assumed after a delay: the parent waits for the line.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import sys
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gapline.history import Engine, Event, EventItem, OpenRoom
-from gapline.matrix import MatrixClient, Session
-from gapline.storage import KdfParams
+from gapline.history import Engine, OpenRoom
+from gapline.matrix import Session
 from tests.e2ee.synapse_peers import NioDevice
 from tests.history.e2ee_support import peers as peers  # the fixture
+from tests.history.test_engine_e2ee_synapse import Sink, gapline, rows, until
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -79,40 +78,6 @@ asyncio.run(main())
 """
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    async def publish(self, event: Event) -> None:
-        self.events.append(event)
-
-
-@contextlib.asynccontextmanager
-async def gapline(kit: Any, session: Session, store: Path) -> AsyncGenerator[Engine]:
-    async with (
-        MatrixClient(kit.base_url, session=session, trust_env=False) as client,
-        Engine.open(
-            store, client, passphrase=PASSPHRASE, sink=Sink(), sync=False, e2ee=True,
-            kdf_cost=KdfParams.cheap(),
-        ) as engine,
-    ):  # fmt: skip
-        yield engine
-
-
-def rows(engine: Engine, room: str) -> dict[str, EventItem]:
-    return {r.event_id: r for r in engine.timeline(room).state.items if isinstance(r, EventItem)}
-
-
-async def until(engine: Engine, room: str, done: Callable[[dict[str, EventItem]], bool]) -> None:
-    """Sync until the open room shows what ``done`` wants (each step waits on Synapse)."""
-    for _ in range(40):
-        await engine.sync_once(timeout_ms=1000)
-        await engine.flush_history(room)
-        if done(rows(engine, room)):
-            return
-    raise AssertionError(f"the engine never showed what was expected: {rows(engine, room)}")
-
-
 async def killed_at_hold(
     session: Session, store: Path, room: str, hold: str, act: Callable[[], Any]
 ) -> None:
@@ -157,7 +122,7 @@ async def test_sigkill_before_a_to_device_step_commits_loses_no_key(
 ) -> None:
     alice, nio, room = peers
     store = tmp_path / "alice"
-    async with gapline(synapse_kit, alice, store) as engine:
+    async with gapline(synapse_kit, alice, store, Sink()) as (engine, _):
         await engine.sync_once()  # the device and its keys are uploaded
     await nio.step()
     sent: list[str] = []
@@ -166,7 +131,7 @@ async def test_sigkill_before_a_to_device_step_commits_loses_no_key(
         sent.append(await nio.send_text(room, "before the kill"))
 
     await killed_at_hold(alice, store, room, "to-device", send)
-    async with gapline(synapse_kit, alice, store) as engine:
+    async with gapline(synapse_kit, alice, store, Sink()) as (engine, _):
         await engine.execute(OpenRoom(room))
         # The step never committed, so the server delivers the to-device message again.
         await until(engine, room, lambda r: sent[0] in r and r[sent[0]].body is not None)
@@ -180,7 +145,7 @@ async def test_sigkill_after_a_key_arrived_before_its_rows_healed(
 ) -> None:
     alice, nio, room = peers
     store = tmp_path / "alice"
-    async with gapline(synapse_kit, alice, store) as engine:
+    async with gapline(synapse_kit, alice, store, Sink()) as (engine, _):
         await engine.sync_once()
         await engine.execute(OpenRoom(room))
         await nio.step()
@@ -197,7 +162,7 @@ async def test_sigkill_after_a_key_arrived_before_its_rows_healed(
             await as_nio.send_to_device("m.room.encrypted", held, "late-key")
 
     await killed_at_hold(alice, store, room, "heal", deliver)
-    async with gapline(synapse_kit, alice, store) as engine:
+    async with gapline(synapse_kit, alice, store, Sink()) as (engine, _):
         await engine.execute(OpenRoom(room))
         ids = {e: rows(engine, room)[e].id for e in late}
         assert all(rows(engine, room)[e].body is None for e in late)  # nothing half-healed
