@@ -419,13 +419,8 @@ class CacheStore(CacheReads):
                 self._put_meta(tx, room, "receipts", dict(receipts))
                 if fully_read is not None:
                     self._put_meta(tx, room, "fully_read", fully_read)
-            case EventRewritten(key=key, event=event, sender_name=name, room=where):
-                at = where or room
-                ek = self.event_key(event.event_id)
-                tx.execute(
-                    "UPDATE history_event SET body = ? WHERE room = ? AND ord = ? AND pos = ?",
-                    (self.seal_body(at.key + ek, event, name), at.rid, key[0], key[1]),
-                )
+            case EventRewritten():
+                self.rewrite_events(tx, room, (update,), event_key)
             case AggregateChanged() | RelationIndexed() | MembersUpdated() | DetachedStored():
                 self.relations.write(tx, room, update, event_key)
             case RowsHidden(keys=keys):
@@ -435,6 +430,25 @@ class CacheStore(CacheReads):
                 )
             case RowChanged():
                 pass  # a row shows what the stored event and its aggregate say: nothing to store
+
+    def rewrite_events(
+        self,
+        tx: Tx,
+        room: Room,
+        rewrites: Sequence[EventRewritten],
+        event_key: Callable[[str], bytes] | None = None,
+    ) -> None:
+        """Store events again in place (same row), in one statement: a heal rewrites
+        thousands at once, and a statement per row was a third of its write."""
+        seal, key_of = self.seal_body, event_key or self.event_key
+        tx.executemany(
+            "UPDATE history_event SET body = ? WHERE room = ? AND ord = ? AND pos = ?",
+            [
+                (seal(at.key + key_of(u.event.event_id), u.event, u.sender_name), at.rid, *u.key)
+                for u in rewrites
+                for at in (u.room or room,)
+            ],
+        )
 
     def _gap_values(self, room: Room, gap: GapRecord) -> tuple[Any, ...]:
         aad = room.key + gap.gap_id.encode()

@@ -64,6 +64,7 @@ class EngineCrypto:
         # with the passphrase that opens the cache.
         self._store_key = store.cipher.lookup_key(STORE_KEY_LABEL)
         self.driver: CryptoDriver | None = None
+        self._opening = asyncio.Lock()
         self.lock = asyncio.Lock()
         """Held by each step that takes the machine's changes to commit them with their
         cause (a sync), or sends its requests (key sharing, uploads): two such steps
@@ -83,10 +84,12 @@ class EngineCrypto:
         client = self._client
         if client.user_id is None or client.device_id is None:
             return None
-        backend = self._store.backend
-        await backend.migrate(UTD_SCHEMA, UTD_MIGRATIONS)
-        self.driver = await CryptoDriver.open(backend, client, self._store_key)
-        await self.send_outgoing()  # device keys and one-time keys, when the store is new
+        async with self._opening:  # a sync and a page load may both open it first
+            if self.driver is None:
+                backend = self._store.backend
+                await backend.migrate(UTD_SCHEMA, UTD_MIGRATIONS)
+                self.driver = await CryptoDriver.open(backend, client, self._store_key)
+                await self.send_outgoing()  # device keys and one-time keys, when new
         return self.driver
 
     @property

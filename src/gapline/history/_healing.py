@@ -148,12 +148,13 @@ def heal(
     sections = Sections(store, tx, room_id)
     sections.heal([StoredEvent(h.ord, h.pos, event, h.sender_name) for h, event in healed])
     rid, known = sections.room.rid, sections.known_keys  # hashed by the heal already
-    tx.executemany(
-        "DELETE FROM history_utd WHERE room = ? AND session = ? AND event = ?",
-        [
-            (rid, _session_key(store, _session_of(h.event)), known.get(h.event_id)
-             or store.event_key(h.event_id))
-            for h, _ in healed
-        ],
-    )  # fmt: skip
+    sessions: dict[str, bytes] = {}  # a heal is one session's events, mostly: hash it once
+    rows = []
+    for h, _ in healed:
+        session_id = _session_of(h.event)
+        skey = sessions.get(session_id)
+        if skey is None:
+            skey = sessions[session_id] = _session_key(store, session_id)
+        rows.append((rid, skey, known.get(h.event_id) or store.event_key(h.event_id)))
+    tx.executemany("DELETE FROM history_utd WHERE room = ? AND session = ? AND event = ?", rows)
     return {room_id: sections.updates}

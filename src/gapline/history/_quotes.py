@@ -83,8 +83,9 @@ class Quotes:
                 continue
             if event is not None and event.event_id != event_id:
                 event = None
-            if event is not None and self._crypto is not None and self._crypto.ready:
-                [event] = await self._crypto.decrypt(room_id, [event])
+            crypto = self._crypto
+            if event is not None and crypto is not None and await crypto.ensure() is not None:
+                [event] = await crypto.decrypt(room_id, [event])
             await self._commits.room_write(room_id, lambda s, e=event, i=event_id: s.detach(i, e))
             await self._flush(room_id)
         self._wanted.pop(room_id, None)

@@ -392,11 +392,17 @@ class Sections:
         placed, effects = self.admission.admit(EventsAdded(0, 0, tuple(s.event for s in stored)))
         self.admission.placing, self.admission.refresh = True, set()
         assert placed.items is not None and placed.shown is not None
+        # Every row's new body in one statement (the timeline reads none of these).
+        rewrites = [
+            EventRewritten(before.key, after, before.sender_name)
+            for before, after in zip(stored, placed.events, strict=True)
+        ]
+        self.store.rewrite_events(self.tx, self.room, rewrites, self._key)
+        self.updates.extend(rewrites)
         hidden, copies = [], []
         for before, after, item, shown in zip(
             stored, placed.events, placed.items, placed.shown, strict=True
         ):
-            self._emit(EventRewritten(before.key, after, before.sender_name))
             self.admission._rewrite_thread_copy(before, after, copies)  # a thread's own copy
             self._emit(RowChanged(item))  # wherever its row is loaded: room or thread
             if not shown:

@@ -71,7 +71,7 @@ class Threads:
         except MatrixError:
             return None  # shown without its root until a later open finds it
         crypto = self.crypto
-        if crypto is not None and crypto.ready:
+        if crypto is not None and await crypto.ensure() is not None:  # open before any sync
             [event] = await crypto.decrypt(room_id, [event])
         return event
 

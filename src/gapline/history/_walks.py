@@ -110,7 +110,11 @@ class Walks:
         client = self._client
         assert client is not None
 
-        crypto = self._crypto if self._crypto is not None and self._crypto.ready else None
+        # Opened here if no sync has yet: a page stored before the machine is open would
+        # keep its encrypted events undecrypted and out of the index that heals them.
+        crypto = self._crypto
+        if crypto is not None and await crypto.ensure() is None:
+            crypto = None
 
         async def fetch(request: Request) -> MessagesResponse:
             if room.thread_root is None:
