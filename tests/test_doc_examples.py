@@ -110,6 +110,7 @@ RUN_BY = {
     "journal-handler": "test_the_handler_example_is_found_beside_the_bot",
     "journal-handler-run": "test_the_handler_example_is_found_beside_the_bot",
     "key-file-and-recovery-key": "test_the_key_file_example_refuses_a_wrong_passphrase",
+    "recovery-session": "test_an_example_that_runs_to_its_end",
 }
 
 
@@ -161,7 +162,7 @@ def save_files_before(block: Block, cwd: Path) -> None:
 @pytest.mark.synapse
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", ["readme-first-look", "bridge-session"])
+@pytest.mark.parametrize("name", ["readme-first-look", "bridge-session", "recovery-session"])
 def test_an_example_that_runs_to_its_end(name: str, tmp_path: Path) -> None:
     block = EXAMPLES[name]
     cwd = REPO if block.doc.name == "README.md" else tmp_path
@@ -177,6 +178,9 @@ def test_an_example_that_runs_to_its_end(name: str, tmp_path: Path) -> None:
         assert done.stdout.startswith("gapline ")
         assert "gap filled:" in done.stdout and "continuity Verified" in done.stdout
         assert "examples:" in done.stdout  # the relay's help
+    elif name == "recovery-session":
+        assert "wrong recovery key" in done.stdout
+        assert "imported 0 sessions" in done.stdout
     else:
         assert '"phase":"Ready","continuity":"Verified"' in done.stdout
     # Whatever the example started is gone: the demo's and the script's homeservers.
