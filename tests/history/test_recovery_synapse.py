@@ -16,11 +16,13 @@ import os
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
-from gapline.e2ee import encode_recovery_key
-from gapline.history import EventItem, HistoryGapItem
-from gapline.matrix import Session
+from gapline.e2ee import bootstrap_cross_signing, enable_backup, encode_recovery_key
+from gapline.history import Engine, EventItem, HistoryGapItem, OpenRoom
+from gapline.matrix import MatrixClient, Session, crypto_api
+from gapline.storage import KdfParams
 from tests.e2ee.synapse_peers import NioDevice
 from tests.fixtures.synapse import SynapseKit
 from tests.history.test_bridge_synapse import READ_TIMEOUT, BridgeProcess, open_and_load
@@ -221,3 +223,75 @@ async def test_key_files_cross_between_gapline_and_nio_both_ways(
     await open_and_load(a, room)
     await a.until(lambda: _readable(a, room).get(held) == "only in nio's key file")
     await a.shutdown()
+
+
+class _RefuseBackupUploads(httpx.AsyncBaseTransport):
+    """Synapse, except that uploads of backed-up keys fail while ``refusing`` is set."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.refusing = True
+        self.refused = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.refusing and request.method == "PUT" and "/room_keys/keys" in request.url.path:
+            self.refused += 1
+            body = {"errcode": "M_UNKNOWN", "error": "injected"}
+            return httpx.Response(400, json=body, request=request)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_failed_backup_upload_never_fails_the_sync_and_resumes_next_step(
+    synapse_kit: SynapseKit,
+    tmp_path: Path,
+    peers: tuple[Session, NioDevice, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    alice, nio, room = peers
+    transport = _RefuseBackupUploads()
+    async with (
+        MatrixClient(synapse_kit.base_url, session=alice, transport=transport) as client,
+        Engine.open(
+            tmp_path / "a", client, passphrase="pw", sync=False, e2ee=True,
+            kdf_cost=KdfParams.cheap(),
+        ) as engine,
+    ):  # fmt: skip
+        await engine.sync_once()
+        assert engine.crypto is not None and engine.crypto.driver is not None
+        driver = engine.crypto.driver
+        await bootstrap_cross_signing(driver, password="password")
+        assert (await enable_backup(driver)).trusted
+        await engine.execute(OpenRoom(room))
+        await _sees_device_id(nio, alice.user_id, alice.device_id)
+        sent = await nio.send_text(room, "backed up later")
+        for _ in range(40):
+            await engine.sync_once(timeout_ms=500)  # a refused upload does not raise
+            if driver.machine.backup.pending:
+                break
+        assert transport.refused >= 1 and driver.machine.backup.pending == 1
+        assert "key backup upload failed" in caplog.text
+        await engine.flush_history(room)
+        row = next(
+            r
+            for r in engine.timeline(room).state.items
+            if isinstance(r, EventItem) and r.event_id == sent
+        )
+        assert row.body == "backed up later"  # the sync step itself committed
+        transport.refusing = False
+        await engine.sync_once()
+        assert driver.machine.backup.pending == 0
+        held = await client.request(crypto_api.room_keys_get(driver.machine.backup.version), dict)
+        assert list(held["rooms"]) == [room]
+
+
+async def _sees_device_id(nio: NioDevice, user_id: str, device_id: str) -> None:
+    for _ in range(40):
+        await nio.step(timeout_ms=500)
+        if any(
+            d.device_id == device_id for d in nio.client.device_store.active_user_devices(user_id)
+        ):
+            return
+    raise AssertionError("nio never saw the engine's device keys")
