@@ -263,7 +263,8 @@ async def test_a_failed_backup_upload_never_fails_the_sync_and_resumes_next_step
         assert engine.crypto is not None and engine.crypto.driver is not None
         driver = engine.crypto.driver
         await bootstrap_cross_signing(driver, password="password")
-        assert (await enable_backup(driver)).trusted
+        trust = await enable_backup(driver)
+        assert trust is not None and trust.trusted
         await engine.execute(OpenRoom(room))
         await _sees_device_id(nio, alice.user_id, alice.device_id)
         sent = await nio.send_text(room, "backed up later")
