@@ -111,6 +111,7 @@ RUN_BY = {
     "journal-handler": "test_the_handler_example_is_found_beside_the_bot",
     "journal-handler-run": "test_the_handler_example_is_found_beside_the_bot",
     "key-file-and-recovery-key": "test_the_key_file_example_refuses_a_wrong_passphrase",
+    "recovery-session": "test_an_example_that_runs_to_its_end",
 }
 
 
@@ -162,7 +163,9 @@ def save_files_before(block: Block, cwd: Path) -> None:
 @pytest.mark.synapse
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", ["readme-first-look", "bridge-session", "send-queue"])
+@pytest.mark.parametrize(
+    "name", ["readme-first-look", "bridge-session", "send-queue", "recovery-session"]
+)
 def test_an_example_that_runs_to_its_end(name: str, tmp_path: Path) -> None:
     block = EXAMPLES[name]
     cwd = REPO if block.doc.name == "README.md" else tmp_path
@@ -182,6 +185,9 @@ def test_an_example_that_runs_to_its_end(name: str, tmp_path: Path) -> None:
         ok, offline, online = done.stdout.splitlines()
         assert ok == "Ok()" and offline.endswith("Pending: 'Pending'>, message=None)")
         assert online.split()[1] == offline.split()[1] and online.endswith(" None")
+    elif name == "recovery-session":
+        assert "wrong recovery key" in done.stdout
+        assert "imported 0 sessions" in done.stdout
     else:
         assert '"phase":"Ready","continuity":"Verified"' in done.stdout
     # Whatever the example started is gone: the demo's and the script's homeservers.

@@ -30,6 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "gapline.history.cli",
         "speak the history wire protocol as JSON lines on stdin/stdout",
     ),
+    "keys": (
+        "gapline.history.cli_keys",
+        "set up key backup and recovery; export and import message keys",
+    ),
     "tui": ("gapline.tui.cli", "read Matrix rooms in the terminal, gaps shown inline"),
     "demo": ("gapline.tui.demo", "throwaway homeserver, a room with a gap, and the TUI to fill it"),
     "bot": ("gapline.journal.cli_bot", "run a Matrix bot on the event journal"),

@@ -24,8 +24,10 @@ __all__ = [
     "PASSPHRASE",
     "PASSWORD",
     "SecretSpec",
+    "add_recovery_flags",
     "add_secret_flags",
     "prompt_secret",
+    "recovery_key",
     "resolve_secret",
     "terminal_available",
 ]
@@ -51,6 +53,9 @@ PASSWORD = SecretSpec("password", "GAPLINE_PASSWORD", "the account's password", 
 PASSPHRASE = SecretSpec(
     "passphrase", "GAPLINE_PASSPHRASE", "the store's at-rest passphrase", "PASSPHRASE"
 )
+
+# Only its file flag: `recovery_key` reads it (no value flag, no environment variable).
+RECOVERY_KEY = SecretSpec("recovery-key", "", "the recovery key", "KEY")
 
 
 def add_secret_flags(parser: argparse.ArgumentParser, spec: SecretSpec) -> None:
@@ -128,6 +133,43 @@ def _first_line(path: Path, spec: SecretSpec) -> str:
     if not lines or not lines[0]:
         raise CommandError(f"--{spec.name}-file {path} is empty", Exit.USAGE)
     return lines[0]
+
+
+def add_recovery_flags(parser: argparse.ArgumentParser, *, prompt: bool = False) -> None:
+    """``--recovery-key-file FILE`` (and, where a person is at a terminal, ``--recover``:
+    ask for the key). Never a flag with the key itself: it opens every encrypted
+    message the account ever backed up."""
+    group = parser.add_mutually_exclusive_group() if prompt else parser
+    group.add_argument(
+        "--recovery-key-file",
+        type=Path,
+        metavar="FILE",
+        help="restore this account's message keys from its server-side key backup, "
+        "opened with the recovery key on the first line of FILE (as `gapline keys "
+        "setup-recovery` printed it)",
+    )
+    if prompt:
+        group.add_argument(
+            "--recover",
+            action="store_true",
+            help="like --recovery-key-file, asking for the recovery key on the terminal",
+        )
+
+
+def recovery_key(args: argparse.Namespace) -> str | None:
+    """The recovery key the flags of `add_recovery_flags` ask for, or None (not asked)."""
+    path: Path | None = getattr(args, "recovery_key_file", None)
+    if path is not None:
+        return _first_line(path, RECOVERY_KEY)
+    if not getattr(args, "recover", False):
+        return None
+    answer = prompt_secret("recovery key: ")
+    if answer is None:
+        raise CommandError(
+            "--recover needs a terminal to ask on; give --recovery-key-file FILE",
+            Exit.NO_TERMINAL,
+        )
+    return answer
 
 
 def terminal_available() -> bool:

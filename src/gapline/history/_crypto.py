@@ -15,6 +15,8 @@ leaves to its caller:
   (vodozemac holds the GIL, so a thread would not free the loop; batches of
   64 keep a stall under ~5 ms) and handed to the cache as
   :func:`~gapline.history._decryption.as_cached` makes it;
+- the room keys it stores go up to the account's key backup after the step (when
+  a trusted backup version is in use), so a new device can recover them;
 - the machine's changes are taken for the caller to save **in the write of
   what caused them** (the sync token, a page), and the keys that arrived name
   the sessions whose retained events heal.
@@ -33,18 +35,27 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from gapline.e2ee import (
+    BACKUP_SECRET,
+    SELF_SIGNING_SECRET,
     Changes,
     CryptoDriver,
     DecryptedEvent,
     KeyUpdates,
+    RestoreReport,
     RoomKeyId,
+    enable_backup,
     merge_updates,
+    recover_from_server,
+    restore_backup,
+    sign_own_device,
+    upload_backup,
 )
 from gapline.history._cache_store import CacheStore
 from gapline.history._decryption import ENCRYPTED, as_cached, unmarked
 from gapline.history._healing import UTD_MIGRATIONS, UTD_SCHEMA, undecrypted_of
 from gapline.history._updates import StoredEvent
 from gapline.matrix import ClientEvent, MatrixClient, MatrixError, SyncResponse
+from gapline.storage import StorageError
 
 __all__ = ["EngineCrypto"]
 
@@ -226,6 +237,58 @@ class EngineCrypto:
         for kind, exc in result.failed:
             log.warning("end-to-end encryption request %s failed: %s", kind.value, exc)
         return result.updates
+
+    async def recover(self, recovery_key: str) -> RestoreReport:
+        """Recover the account's secrets with the recovery key, sign this device with
+        the recovered self-signing key, take up the backup and restore its keys; the
+        caller heals the retained events of ``imported``.
+
+        Raises `WrongRecoveryKey` / `RecoveryKeyInvalid` / `SecretStorageError` before
+        anything is changed or saved; `MatrixError` when the server cannot be asked."""
+        driver = await self.ensure()
+        if driver is None:
+            raise RuntimeError("recovery needs a logged-in client")
+        async with self.lock:
+            names = await recover_from_server(driver, recovery_key=recovery_key)
+            log.info("recovered from secret storage: %s", ", ".join(names) or "nothing")
+            if SELF_SIGNING_SECRET in names:
+                await sign_own_device(driver)
+            if BACKUP_SECRET not in names:
+                log.warning("secret storage holds no backup key: no keys to restore")
+                return RestoreReport((), 0, ())
+            trust = await enable_backup(driver, create=False)
+            if trust is None:
+                log.warning("the account has no key backup: no keys to restore")
+                return RestoreReport((), 0, ())
+            report = await restore_backup(driver, version=trust.version)
+        for refusal in report.refusals:
+            log.warning("backup entry refused: %s", refusal.detail)
+        log.info(
+            "restored %d sessions from backup version %s (%d already known)",
+            len(report.imported),
+            trust.version,
+            report.already_known,
+        )
+        return report
+
+    async def back_up(self) -> int:
+        """Upload the sessions the trusted backup version lacks; how many went up.
+
+        Called after each sync step. Never raises for the network or the store: a failed
+        batch is logged and stays pending (the machine keeps what was acknowledged), so
+        the next step resumes where this one stopped and a sync is never held up by it."""
+        driver = self.driver
+        if driver is None:
+            return 0
+        backup = driver.machine.backup
+        if backup.version is None or not backup.pending:
+            return 0
+        try:
+            async with self.lock:
+                return await upload_backup(driver)
+        except (MatrixError, StorageError) as exc:
+            log.warning("key backup upload failed (retried after the next sync): %s", exc)
+            return 0
 
     @staticmethod
     def merge(*updates: KeyUpdates) -> KeyUpdates:

@@ -43,7 +43,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from gapline.e2ee import Device
+from gapline.e2ee import Device, KeyUpdates, RestoreReport
 from gapline.history._cache_store import CacheStore, Cipher
 from gapline.history._commits import Commits
 from gapline.history._crypto import EngineCrypto
@@ -358,6 +358,17 @@ class Engine:
         committed (events, then the token, in one transaction) and flushed to the open
         timelines."""
         return await self._sync.once(timeout_ms=timeout_ms, since=since, initial=initial)
+
+    async def recover_keys(self, recovery_key: str) -> RestoreReport:
+        """Recover the account's keys with its recovery key (secret storage, then the
+        server-side key backup) and heal in place every retained undecryptable row they
+        open. Needs a logged-in client and ``e2ee``; a wrong key (`WrongRecoveryKey`)
+        changes nothing."""
+        if self.crypto is None:
+            raise RuntimeError("the engine was opened without end-to-end encryption")
+        report = await self.crypto.recover(recovery_key)
+        await self._sync.after_keys(self.crypto, KeyUpdates(room_keys=report.imported))
+        return report
 
     async def ingest(self, response: SyncResponse) -> None:
         """Commit one sync answer: every joined room's events and gaps, then ``next_batch``.

@@ -151,6 +151,7 @@ class Sync:
             await self._flush_room(room_id)
         if crypto is not None and crypto.ready:
             await self.after_keys(crypto, await crypto.send_outgoing())
+            await crypto.back_up()
         await self._announce(response)
 
     async def _ingest_encrypted(

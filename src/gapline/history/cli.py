@@ -3,11 +3,14 @@
     gapline bridge --homeserver URL --user MXID --store DIR
                    [--password-file FILE | --password PASSWORD]
                    [--passphrase-file FILE | --passphrase PASSPHRASE] [--device-id ID]
+                   [--recovery-key-file FILE]
 
 Opens the engine's encrypted store in DIR (a wrong passphrase fails here,
 before any network request), logs in (reusing the device stored in DIR, so
 the server sees one device across restarts), starts the sync loop, and serves
-requests until end of input or ``"Shutdown"``. stdout carries protocol lines
+requests until end of input or ``"Shutdown"``. With ``--recovery-key-file`` it
+first restores the account's keys from its server-side backup (a wrong key fails
+before the sync starts, nothing changed). stdout carries protocol lines
 only; logs go to stderr. See docs/history.md.
 
 This module also holds what `gapline tui` shares with the bridge: the engine
@@ -32,12 +35,15 @@ from gapline.clikit import (
     Exit,
     add_log_flags,
     add_login_flags,
+    add_recovery_flags,
     add_secret_flags,
     examples,
     log_level,
+    recovery_key,
     resolve_secret,
     store_directory,
 )
+from gapline.e2ee import E2eeError, RecoveryKeyInvalid, SecretStorageError, WrongRecoveryKey
 from gapline.history._bridge import Bridge, LineWriter, stream_lines
 from gapline.history._engine import Engine
 from gapline.history._mirror import Mirror
@@ -56,6 +62,7 @@ __all__ = [
     "configure",
     "engine_config",
     "login_failure",
+    "recover",
     "remember_device",
     "run",
     "stored_device",
@@ -71,7 +78,9 @@ Speak the history engine's wire protocol as JSON lines on stdin/stdout.
 Opens the encrypted store in --store DIR first (a wrong passphrase fails before any
 network request), logs in reusing the device the store remembers, starts the sync loop
 and answers one JSON request per line until end of input or "Shutdown". stdout carries
-protocol lines only; logs go to stderr."""
+protocol lines only; logs go to stderr. --recovery-key-file restores the account's
+message keys from its key backup first (a new device reads the history the account could
+read before)."""
 
 EXAMPLES = examples(
     (
@@ -141,6 +150,7 @@ def add_store_flags(parser: argparse.ArgumentParser, *, default: str | None = No
 def configure(parser: argparse.ArgumentParser) -> None:
     add_login_flags(parser)
     add_store_flags(parser)
+    add_recovery_flags(parser)
     add_engine_tuning(parser)
     add_log_flags(parser)
 
@@ -180,6 +190,25 @@ def login_failure(homeserver: str, user: str, exc: MatrixError) -> CommandError:
     return CommandError(f"login as {user} failed: {exc}")
 
 
+async def recover(engine: Engine, key: str) -> None:
+    """Restore the account's keys with the recovery key into the engine's store and heal
+    what they open; a wrong or mistyped key, or a damaged secret storage, is one line
+    (status 1) and nothing is changed."""
+    try:
+        report = await engine.recover_keys(key)
+    except WrongRecoveryKey:
+        raise CommandError(
+            "wrong recovery key: it does not open the account's secret storage"
+        ) from None
+    except RecoveryKeyInvalid as exc:
+        raise CommandError(f"not a recovery key: {exc}") from None
+    except SecretStorageError as exc:
+        raise CommandError(f"cannot recover: {exc}") from None
+    except (E2eeError, MatrixError) as exc:
+        raise CommandError(f"recovery failed: {exc}") from None
+    log.info("recovery: %d sessions restored from the key backup", len(report.imported))
+
+
 async def check_store(store: Path, passphrase: str) -> None:
     """Open and close the store offline, so a wrong passphrase (status 1) or a store that
     cannot be used (status 4) is one line before any screen opens."""
@@ -213,7 +242,8 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
             "the store's key is wrapped with an empty passphrase"
         )
     device_id = args.device_id or stored_device(store, args.user)
-    return _serve(args, config, store, device_id, password, passphrase or "")
+    key = recovery_key(args)
+    return _serve(args, config, store, device_id, password, passphrase or "", key)
 
 
 async def _serve(
@@ -223,6 +253,7 @@ async def _serve(
     device_id: str | None,
     password: str,
     passphrase: str,
+    key: str | None = None,
 ) -> int:
     writer = LineWriter(sys.stdout.buffer)
     mirror = Mirror()
@@ -253,6 +284,8 @@ async def _serve(
                         initial_device_display_name="gapline bridge",
                     )
                     await asyncio.to_thread(remember_device, store, args.user, session)
+                    if key is not None:
+                        await recover(engine, key)
                 except MatrixError as exc:
                     failure = login_failure(args.homeserver, args.user, exc)
                 except CommandError as exc:

@@ -70,6 +70,7 @@ class BotConfig:
     sync_timeline_limit: int = 100
     device_display_name: str = "gapline bot"
     passphrase: str | None = None  # the store's at-rest passphrase: encrypted rooms need it
+    recovery_key: str | None = None  # restore the account's key backup before syncing
 
     def __repr__(self) -> str:  # never print the password or the passphrase
         return f"BotConfig(homeserver={self.homeserver!r}, user={self.user!r}, store=...)"
@@ -143,6 +144,9 @@ class Bot:
             if crypto is not None:
                 await crypto.publish()  # a new device's keys; what a previous run queued
                 log.info("end-to-end encryption on", extra=crypto.identity_keys)
+            restored = ()
+            if crypto is not None and self.config.recovery_key is not None:
+                restored = await crypto.recover(self.config.recovery_key)
             source = client if crypto is None else DecryptingSource(client, crypto)
             refetcher = PointRefetcher(journal, source, session.user_id)
             hydrator = Hydrator(journal, source, session.user_id)
@@ -189,6 +193,10 @@ class Bot:
                 crypto=crypto,
                 encryption=guard if isinstance(guard, RoomEncryption) else None,
             )
+            if crypto is not None and restored:
+                async with crypto.lock:  # retained decryption failures the backup opens
+                    await self.ingress.heal(restored)
+                    await crypto.commit()
             try:
                 async with asyncio.TaskGroup() as group:
                     group.create_task(self.ingress.run(), name="ingress")

@@ -31,15 +31,23 @@ from typing import Any, Protocol
 import msgspec
 
 from gapline.e2ee import (
+    BACKUP_SECRET,
+    SELF_SIGNING_SECRET,
     CryptoDriver,
     DecryptedEvent,
     EncryptionRefused,
     KeyUpdates,
+    RoomKeyId,
     SendResult,
     ShareReport,
     ShareState,
     UnableToDecrypt,
+    enable_backup,
     open_machine,
+    recover_from_server,
+    restore_backup,
+    sign_own_device,
+    upload_backup,
 )
 from gapline.journal._faults import CryptoFaultPoint, fault_point
 from gapline.journal._outbox import ENCRYPTED_EVENT_TYPE, seal_delivery
@@ -55,7 +63,7 @@ from gapline.matrix import (
     RelationsResponse,
     SyncResponse,
 )
-from gapline.storage import Backend, Tx, open_cipher
+from gapline.storage import Backend, StorageError, Tx, open_cipher
 
 __all__ = [
     "STORE_KEY_LABEL",
@@ -251,6 +259,19 @@ class BotCrypto:
         request is built again at the next step."""
         return (await self._send()).updates
 
+    async def back_up(self) -> int:
+        """Upload the sessions the trusted backup version lacks (after a sync step that
+        stored keys); how many went up. A failure is logged and the sessions stay pending
+        for the next step: the sync is never held up by the backup."""
+        backup = self._driver.machine.backup
+        if backup.version is None or not backup.pending:
+            return 0
+        try:
+            return await upload_backup(self._driver)
+        except (MatrixError, StorageError) as exc:
+            log.warning("key backup upload failed", extra={"error": str(exc)})
+            return 0
+
     async def _send(self) -> SendResult:
         result = await self._driver.send_outgoing()
         for kind, exc in result.failed:
@@ -267,6 +288,32 @@ class BotCrypto:
         return result
 
     # -- self-contained steps (they take the lock) -------------------------------------------
+
+    async def recover(self, recovery_key: str) -> tuple[RoomKeyId, ...]:
+        """Recover the account's secrets with its recovery key, sign this device, take up
+        the key backup and restore it; the sessions restored (heal their retained events).
+
+        A wrong key (`WrongRecoveryKey`, `RecoveryKeyInvalid`) changes nothing."""
+        driver = self._driver
+        async with self.lock:
+            names = await recover_from_server(driver, recovery_key=recovery_key)
+            if SELF_SIGNING_SECRET in names:
+                await sign_own_device(driver)
+            if BACKUP_SECRET not in names:
+                log.warning("secret storage holds no backup key: nothing to restore")
+                return ()
+            trust = await enable_backup(driver, create=False)
+            if trust is None:
+                log.warning("the account has no key backup: nothing to restore")
+                return ()
+            report = await restore_backup(driver, version=trust.version)
+        for refusal in report.refusals:
+            log.warning("backup entry refused", extra={"detail": refusal.detail})
+        log.info(
+            "keys restored from the backup",
+            extra={"version": trust.version, "sessions": len(report.imported)},
+        )
+        return report.imported
 
     async def publish(self) -> None:
         """Upload the device's keys (a new device) and anything queued by a previous run."""

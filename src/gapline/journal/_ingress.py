@@ -289,6 +289,7 @@ class Ingress:
             if sent.room_keys:
                 await self.heal(sent.room_keys)
                 await crypto.commit()
+            await crypto.back_up()
 
     async def heal(self, room_keys: Sequence[RoomKeyId], *, everything: bool = False) -> int:
         """Upgrade the retained decryption failures of these sessions (of every session

@@ -30,11 +30,13 @@ from gapline.clikit import (
     Exit,
     add_log_flags,
     add_login_flags,
+    add_recovery_flags,
     add_secret_flags,
     dsn,
     examples,
     log_level,
     positive_int,
+    recovery_key,
     resolve_secret,
     user_id,
 )
@@ -149,6 +151,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="replies longer than N characters are sent as a preview plus an attachment",
     )
     add_secret_flags(parser, PASSPHRASE)
+    add_recovery_flags(parser)
     add_log_flags(parser)
 
 
@@ -178,6 +181,13 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
     )
     assert password is not None
     passphrase = given_passphrase(args)
+    key = recovery_key(args)
+    if key is not None and passphrase is None:
+        raise CommandError(
+            "--recovery-key-file needs the bot's end-to-end encryption state: give "
+            "--passphrase-file FILE or $GAPLINE_PASSPHRASE",
+            Exit.USAGE,
+        )
     config = BotConfig(
         homeserver=args.homeserver,
         user=args.user,
@@ -188,6 +198,7 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
         approvers=frozenset(args.approver),
         sidecar_limit=args.sidecar_limit,
         passphrase=passphrase,
+        recovery_key=key,
     )
     return _run(config)
 

@@ -3,6 +3,7 @@
     gapline tui --homeserver URL --user MXID [--store DIR] [--room ROOM_ID]
                 [--password-file FILE | --password PASSWORD]
                 [--passphrase-file FILE | --passphrase PASSPHRASE] [--device-id ID]
+                [--recovery-key-file FILE | --recover]
 
 This module and ``demo`` are the command glue: they alone import
 ``gapline.matrix`` (to log in and to build the client the engine syncs with).
@@ -26,7 +27,9 @@ from gapline.clikit import (
     CommandError,
     Exit,
     add_login_flags,
+    add_recovery_flags,
     examples,
+    recovery_key,
     resolve_secret,
     room_id,
     store_directory,
@@ -38,6 +41,7 @@ from gapline.history.cli import (
     check_store,
     engine_config,
     login_failure,
+    recover,
     remember_device,
     stored_device,
 )
@@ -140,6 +144,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parser, default="$XDG_DATA_HOME/gapline/<user>, i.e. ~/.local/share/gapline/<user>"
     )
     parser.add_argument("--room", type=room_id, metavar="ROOM_ID", help="open this room first")
+    add_recovery_flags(parser, prompt=True)
     add_engine_tuning(parser)
 
 
@@ -155,7 +160,8 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
     password = resolve_secret(args, PASSWORD, prompt=f"password for {args.user}: ")
     passphrase = resolve_secret(args, PASSPHRASE, prompt=f"passphrase of the store in {store}: ")
     assert password is not None and passphrase is not None
-    return _main(args, store, config, password, passphrase)
+    key = recovery_key(args)
+    return _main(args, store, config, password, passphrase, key)
 
 
 def _needs_a_terminal() -> None:
@@ -167,8 +173,25 @@ def _needs_a_terminal() -> None:
         )
 
 
+async def _recover(
+    homeserver: str, session: Session, store: Path, passphrase: str, key: str
+) -> None:
+    """Restore the account's keys into the store before the screen opens (a wrong key is
+    one line, nothing changed)."""
+    async with (
+        MatrixClient(homeserver, session=session) as client,
+        Engine.open(store, client, passphrase=passphrase, sync=False, e2ee=True) as engine,
+    ):
+        await recover(engine, key)
+
+
 async def _main(
-    args: argparse.Namespace, store: Path, config: EngineConfig, password: str, passphrase: str
+    args: argparse.Namespace,
+    store: Path,
+    config: EngineConfig,
+    password: str,
+    passphrase: str,
+    key: str | None = None,
 ) -> int:
     async with MatrixClient(args.homeserver) as client:
         try:
@@ -184,6 +207,8 @@ async def _main(
     # Check the passphrase before the screen switches (a wrong one fails here, offline).
     await check_store(store, passphrase)
     _needs_a_terminal()
+    if key is not None:
+        await _recover(args.homeserver, session, store, passphrase, key)
     directory = RoomDirectory()
     app = GaplineApp(
         engine_connect(

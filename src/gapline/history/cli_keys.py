@@ -1,0 +1,341 @@
+"""`gapline keys`: recovery, key files, on the store of a bridge or tui.
+
+    gapline keys setup-recovery --homeserver URL --user MXID --store DIR [secret flags]
+    gapline keys export --store DIR --out FILE [secret flags]
+    gapline keys import FILE --store DIR [secret flags]
+
+``setup-recovery`` logs in as the store's device, makes what is missing (cross-signing
+keys, a key backup version, secret storage holding the backup key and the
+cross-signing seeds), uploads every held key to the backup, and prints the recovery
+key once on stdout; it is stored nowhere. ``export`` and ``import`` work offline on
+the store (run them while no bridge or tui uses it): Element's key-file format, under a
+passphrase from ``--export-passphrase-file``, ``$GAPLINE_EXPORT_PASSPHRASE`` or a prompt.
+Rows an import can decrypt heal when the bridge or tui next starts on the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+from collections.abc import AsyncGenerator, Coroutine, Generator
+from pathlib import Path
+
+from gapline.clikit import (
+    PASSPHRASE,
+    PASSWORD,
+    CommandError,
+    Exit,
+    SecretSpec,
+    add_log_flags,
+    add_login_flags,
+    add_secret_flags,
+    examples,
+    log_level,
+    resolve_secret,
+    store_directory,
+    subcommand,
+)
+from gapline.e2ee import (
+    BACKUP_SECRET,
+    CryptoMachine,
+    E2eeError,
+    KeyExportError,
+    bootstrap_cross_signing,
+    enable_backup,
+    export_room_keys,
+    import_room_keys,
+    open_machine,
+    save_changes,
+    set_up_recovery,
+    upload_backup,
+)
+from gapline.history._crypto import STORE_KEY_LABEL
+from gapline.history._engine import Engine
+from gapline.history.cli import (
+    DEVICE_FILE,
+    add_store_flags,
+    login_failure,
+    remember_device,
+    stored_device,
+)
+from gapline.matrix import MatrixClient, MatrixError
+from gapline.storage import StorageError, WrongPassphrase
+
+__all__ = ["DESCRIPTION", "EXAMPLES", "configure", "run"]
+
+log = logging.getLogger("gapline.history.keys")
+
+EXPORT_PASSPHRASE = SecretSpec(
+    "export-passphrase", "GAPLINE_EXPORT_PASSPHRASE", "the key file's passphrase", "PASSPHRASE"
+)
+
+DESCRIPTION = """\
+Keys that outlive a device, on the store of a `gapline bridge` or `gapline tui`.
+
+setup-recovery prints a recovery key once: keep it; a new device restores every backed-up
+message key with it (`gapline bridge ... --recovery-key-file FILE`). export and import
+write and read Element's key files, offline, while nothing else uses the store."""
+
+SETUP_EXAMPLES = examples(
+    (
+        "gapline keys setup-recovery --homeserver https://matrix.example.org",
+        "--user @me:example.org --password-file password.txt --store bridge-store",
+        "> recovery-key.txt",
+    ),
+)
+EXPORT_EXAMPLES = examples(
+    (
+        "gapline keys export --store bridge-store --out keys.txt",
+        "--passphrase-file passphrase.txt --export-passphrase-file export-passphrase.txt",
+    ),
+)
+IMPORT_EXAMPLES = examples(
+    (
+        "gapline keys import element-keys.txt --store bridge-store",
+        "--passphrase-file passphrase.txt --export-passphrase-file export-passphrase.txt",
+    ),
+)
+EXAMPLES = examples(
+    "gapline keys setup-recovery --homeserver https://matrix.example.org --user @me:example.org "
+    "--store bridge-store",
+    "gapline keys import element-keys.txt --store bridge-store",
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    setup = subcommand(
+        sub,
+        "setup-recovery",
+        help="set up key backup and recovery; print the recovery key once",
+        description=(
+            "Log in as the store's device, make what is missing (cross-signing keys, a key\n"
+            "backup version, secret storage with the backup key and the cross-signing seeds),\n"
+            "upload every held message key to the backup, and print the new recovery key on\n"
+            "stdout, once: it is stored nowhere. Running it again makes a new recovery key."
+        ),
+        examples=SETUP_EXAMPLES,
+    )
+    add_login_flags(setup)
+    add_store_flags(setup)
+    add_log_flags(setup)
+    export = subcommand(
+        sub,
+        "export",
+        help="write every message key of the store to an Element key file",
+        description=(
+            "Write every message key the store's device holds to FILE, in Element's key-file\n"
+            "format (`-----BEGIN MEGOLM SESSION DATA-----`), encrypted with the export\n"
+            "passphrase. Offline; the file is created with mode 0600."
+        ),
+        examples=EXPORT_EXAMPLES,
+    )
+    _offline_flags(export)
+    export.add_argument(
+        "--out", required=True, type=Path, metavar="FILE", help="the key file to write"
+    )
+    imported = subcommand(
+        sub,
+        "import",
+        help="add the message keys of an Element key file to the store",
+        description=(
+            "Read an Element key file (from Element, matrix-nio or `gapline keys export`) and\n"
+            "keep its message keys in the store's device. Offline: rows they decrypt heal\n"
+            "when the bridge or tui next starts on the store. A wrong passphrase or a damaged\n"
+            "file changes nothing."
+        ),
+        examples=IMPORT_EXAMPLES,
+    )
+    imported.add_argument("file", type=Path, metavar="FILE", help="the key file to read")
+    _offline_flags(imported)
+
+
+def _offline_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--store", required=True, type=Path, metavar="DIR", help="a bridge or tui store directory"
+    )
+    add_secret_flags(parser, PASSPHRASE)
+    add_secret_flags(parser, EXPORT_PASSPHRASE)
+    add_log_flags(parser)
+
+
+def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=log_level(args),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.action == "setup-recovery":
+        store = store_directory(args.store)
+        password = resolve_secret(args, PASSWORD, prompt=f"password for {args.user}: ")
+        passphrase = _store_passphrase(args, store)
+        assert password is not None
+        return _setup(args, store, password, passphrase)
+    store: Path = args.store
+    if not (store / DEVICE_FILE).is_file():
+        raise CommandError(
+            f"{store} is not a store that logged in: run `gapline bridge` or `gapline tui` "
+            "on it first",
+            Exit.STORE,
+        )
+    passphrase = _store_passphrase(args, store)
+    secret = resolve_secret(args, EXPORT_PASSPHRASE, prompt="passphrase of the key file: ")
+    assert secret is not None
+    if args.action == "export":
+        return _export(store, passphrase, secret, args.out)
+    return _import(store, passphrase, secret, args.file)
+
+
+def _store_passphrase(args: argparse.Namespace, store: Path) -> str:
+    passphrase = resolve_secret(
+        args, PASSPHRASE, prompt=f"passphrase of the store in {store}: ", required=False
+    )
+    return passphrase or ""
+
+
+@contextlib.contextmanager
+def _store_errors(store: Path) -> Generator[None]:
+    try:
+        yield
+    except WrongPassphrase:
+        raise CommandError(f"wrong passphrase for the store in {store}") from None
+    except StorageError as exc:
+        raise CommandError(f"cannot use the store in {store}: {exc}", Exit.STORE) from None
+
+
+async def _setup(args: argparse.Namespace, store: Path, password: str, passphrase: str) -> int:
+    with _store_errors(store):
+        async with (
+            MatrixClient(args.homeserver) as client,
+            Engine.open(store, client, passphrase=passphrase, sync=False, e2ee=True) as engine,
+        ):
+            try:
+                session = await client.login(
+                    args.user,
+                    password,
+                    device_id=args.device_id or stored_device(store, args.user),
+                    initial_device_display_name="gapline",
+                )
+            except MatrixError as exc:
+                raise login_failure(args.homeserver, args.user, exc) from None
+            await asyncio.to_thread(remember_device, store, args.user, session)
+            assert engine.crypto is not None
+            try:
+                key = await _set_up(engine, password)
+            except (E2eeError, MatrixError) as exc:
+                raise CommandError(f"setting up recovery failed: {exc}") from None
+    print(key, flush=True)
+    return Exit.OK
+
+
+async def _set_up(engine: Engine, password: str) -> str:
+    """Cross-signing, backup and secret storage, each made if missing; the recovery key."""
+    assert engine.crypto is not None
+    driver = await engine.crypto.ensure()
+    assert driver is not None
+    machine = driver.machine
+    me = machine.user_id
+    async with engine.crypto.lock:
+        machine.update_tracked_users([me])
+        machine.receive_sync_changes(changed=[me])
+        await driver.send_outgoing()
+        if machine.cross_signing.trusted_master_key() is None:
+            if machine.devices.cross_signing_keys(me).get("master") is not None:
+                log.warning(
+                    "this device does not hold the account's cross-signing keys: replacing them"
+                )
+            await bootstrap_cross_signing(driver, password=password)
+        trust = await enable_backup(driver)
+        if trust is None or not trust.trusted:
+            reason = "none" if trust is None else trust.reason
+            raise CommandError(
+                f"the account's key backup is not trusted by this device ({reason}): recover "
+                "with --recovery-key-file on a bridge first"
+            )
+        if machine.vault.get(BACKUP_SECRET) is None:
+            raise CommandError(
+                "this device does not hold the key of the account's backup: recover with "
+                "--recovery-key-file on a bridge first"
+            )
+        sent = await upload_backup(driver)
+        log.info("backup version %s: %d sessions uploaded", trust.version, sent)
+        setup = await set_up_recovery(driver)
+    return setup.recovery_key
+
+
+@contextlib.asynccontextmanager
+async def _machine(store: Path, passphrase: str) -> AsyncGenerator[tuple[Engine, CryptoMachine]]:
+    """The store's crypto machine, offline (the store must have logged in before)."""
+    ids = await asyncio.to_thread(_device_ids, store)
+    with _store_errors(store):
+        async with Engine.open(store, None, passphrase=passphrase, sync=False) as engine:
+            key = engine.store.cipher.lookup_key(STORE_KEY_LABEL)
+            try:
+                machine = await open_machine(
+                    engine.store.backend, key, user_id=ids[0], device_id=ids[1]
+                )
+            except E2eeError as exc:
+                raise CommandError(f"cannot open the store's keys: {exc}", Exit.STORE) from None
+            yield engine, machine
+
+
+def _device_ids(store: Path) -> tuple[str, str]:
+    try:
+        data = json.loads((store / DEVICE_FILE).read_text())
+        ids = (data["user_id"], data["device_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CommandError(
+            f"{store} has no device: run `gapline bridge` or `gapline tui` on it first",
+            Exit.STORE,
+        ) from None
+    if not all(isinstance(i, str) for i in ids):
+        raise CommandError(f"{store / DEVICE_FILE} is damaged", Exit.STORE)
+    return ids
+
+
+async def _export(store: Path, passphrase: str, secret: str, out: Path) -> int:
+    async with _machine(store, passphrase) as (_, machine):
+        text = await asyncio.to_thread(export_room_keys, machine, secret)
+        count = len(machine.inbound.identifiers())
+    try:
+        await asyncio.to_thread(_write_private, out, text)
+    except OSError as exc:
+        raise CommandError(f"cannot write {out}: {exc.strerror or exc}") from None
+    print(f"exported {count} sessions to {out}", file=sys.stderr)
+    return Exit.OK
+
+
+def _write_private(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+async def _import(store: Path, passphrase: str, secret: str, path: Path) -> int:
+    try:
+        text = await asyncio.to_thread(path.read_text)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CommandError(f"cannot read {path}: {exc}", Exit.USAGE) from None
+    async with _machine(store, passphrase) as (engine, machine):
+        try:
+            report = await asyncio.to_thread(import_room_keys, machine, text, secret)
+        except KeyExportError as exc:
+            raise CommandError(f"cannot import {path}: {exc}") from None
+        changes = machine.take_changes()
+        with _store_errors(store):
+            await engine.store.backend.write(lambda tx: save_changes(tx, changes))
+    for refusal in report.refusals:
+        log.warning("key refused: %s", refusal.detail)
+    print(
+        f"imported {len(report.imported)} sessions from {path} "
+        f"({report.already_known} already known, {len(report.skipped)} skipped)",
+        file=sys.stderr,
+    )
+    return Exit.OK
