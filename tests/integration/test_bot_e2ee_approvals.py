@@ -12,19 +12,14 @@ import nio as nio_lib
 import pytest
 
 from gapline.journal import approve
-from tests.e2ee.synapse_peers import ENCRYPTION, NioDevice
 from tests.fixtures.synapse import SynapseKit
 from tests.integration.bot_support import (
     eventually,
-    make_bot_user,
     room_events,
-    running_bot,
-    wait_joined,
 )
+from tests.integration.e2ee_rooms import encrypted_room_with_bot
 from tests.integration.test_bot_e2ee import (
-    PASSPHRASE,
     answered,
-    in_room,
     journal_query,
     nothing_in_the_clear,
     store_bytes,
@@ -53,78 +48,59 @@ async def approval_values(store: str, principal: str) -> str:
 async def test_an_approval_in_an_encrypted_room_is_sealed_at_rest(
     synapse_kit: SynapseKit, tmp_path: Path, store_dsn: str
 ) -> None:
-    alice = await synapse_kit.user("alice")
-    bot = await make_bot_user(synapse_kit)
-    nio = await NioDevice.login(synapse_kit.base_url, alice.user_id, tmp_path / "alice-nio")
-    try:
-        async with synapse_kit.client(alice) as client:
-            room = await client.create_room(
-                preset="private_chat", initial_state=[ENCRYPTION], invite=[bot.user_id]
-            )
-            async with running_bot(
-                synapse_kit.base_url,
-                bot.user_id,
+    async with encrypted_room_with_bot(synapse_kit, tmp_path, store_dsn, handler=approve) as e:
+        bot, nio, client, room = e.bot, e.nio, e.client, e.room
+        asking = await nio.send_text(room, SECRET)
+
+        # The card is an m.notice (nio's bodies keep texts only): its event id
+        # is the journal's, once the card was delivered.
+        async def card_event() -> str | None:
+            rows = await journal_query(
                 store_dsn,
-                allow=frozenset({alice.user_id}),
-                handler=approve,
-                passphrase=PASSPHRASE,
-            ):
-                await wait_joined(client, room, bot.user_id)
-                await nio.wait_until(lambda: in_room(nio, room, bot.user_id))
-                await nio.keys()
-                asking = await nio.send_text(room, SECRET)
+                "SELECT card_event_id FROM approval_cards WHERE principal_id = ?",
+                (bot.user_id,),
+            )
+            return rows[0][0] if rows and rows[0][0] else None
 
-                # The card is an m.notice (nio's bodies keep texts only): its event id
-                # is the journal's, once the card was delivered.
-                async def card_event() -> str | None:
-                    rows = await journal_query(
-                        store_dsn,
-                        "SELECT card_event_id FROM approval_cards WHERE principal_id = ?",
-                        (bot.user_id,),
-                    )
-                    return rows[0][0] if rows and rows[0][0] else None
+        card = await eventually(card_event, what="the approval card")
+        sent = await nio.client.room_send(
+            room,
+            "m.room.message",
+            {
+                "msgtype": "m.text",
+                "body": "approve",
+                "m.relates_to": {"m.in_reply_to": {"event_id": card}},
+            },
+            ignore_unverified_devices=True,
+        )
+        assert isinstance(sent, nio_lib.RoomSendResponse), sent
+        await eventually(
+            lambda: answered(store_dsn, bot.user_id, asking),
+            within=90,
+            what="the approved answer",
+        )
+        await nio.wait_until(lambda: f"* echo: {SECRET}" in nio.bodies.values())
 
-                card = await eventually(card_event, what="the approval card")
-                sent = await nio.client.room_send(
-                    room,
-                    "m.room.message",
-                    {
-                        "msgtype": "m.text",
-                        "body": "approve",
-                        "m.relates_to": {"m.in_reply_to": {"event_id": card}},
-                    },
-                    ignore_unverified_devices=True,
-                )
-                assert isinstance(sent, nio_lib.RoomSendResponse), sent
-                await eventually(
-                    lambda: answered(store_dsn, bot.user_id, asking),
-                    within=90,
-                    what="the approved answer",
-                )
-                await nio.wait_until(lambda: f"* echo: {SECRET}" in nio.bodies.values())
+        async def resolution_sent() -> bool:
+            rows = await journal_query(
+                store_dsn,
+                "SELECT acked_event_id FROM journal_outbox WHERE principal_id = ?"
+                " AND purpose = 'approval_card' AND stage = 'final'",
+                (bot.user_id,),
+            )
+            return bool(rows and rows[0][0])
 
-                async def resolution_sent() -> bool:
-                    rows = await journal_query(
-                        store_dsn,
-                        "SELECT acked_event_id FROM journal_outbox WHERE principal_id = ?"
-                        " AND purpose = 'approval_card' AND stage = 'final'",
-                        (bot.user_id,),
-                    )
-                    return bool(rows and rows[0][0])
-
-                await eventually(resolution_sent, what="the card's resolution")
-                stored = await approval_values(store_dsn, bot.user_id)
-                data_open = store_bytes(store_dsn)
-            events = await room_events(client, room)
-        nothing_in_the_clear(events, bot.user_id)
-        # The rows are there (a card and its resolution), and none names the call.
-        assert stored.count("approval_card") >= 2, stored
-        for secret in (SECRET, "4711", "echo(", '"text"'):
-            assert secret not in stored, secret
-        if data_open is not None:  # SQLite: the database and its WAL, open and closed
-            data = data_open + (store_bytes(store_dsn) or b"")
-            assert len(data) > 10_000 and b"approval_cards" in data
-            for secret in (SECRET.encode(), b"account ending 0815", b"echo({"):
-                assert secret not in data, secret
-    finally:
-        await nio.close()
+        await eventually(resolution_sent, what="the card's resolution")
+        stored = await approval_values(store_dsn, bot.user_id)
+        data_open = store_bytes(store_dsn)
+        events = await room_events(client, room)
+    nothing_in_the_clear(events, bot.user_id)
+    # The rows are there (a card and its resolution), and none names the call.
+    assert stored.count("approval_card") >= 2, stored
+    for secret in (SECRET, "4711", "echo(", '"text"'):
+        assert secret not in stored, secret
+    if data_open is not None:  # SQLite: the database and its WAL, open and closed
+        data = data_open + (store_bytes(store_dsn) or b"")
+        assert len(data) > 10_000 and b"approval_cards" in data
+        for secret in (SECRET.encode(), b"account ending 0815", b"echo({"):
+            assert secret not in data, secret

@@ -12,10 +12,11 @@ import pytest
 
 from gapline.journal._crypto import room_members
 from gapline.matrix import ClientEvent
-from tests.e2ee.synapse_peers import ENCRYPTION, NioDevice
+from tests.e2ee.synapse_peers import NioDevice
 from tests.fixtures.synapse import SynapseKit
-from tests.integration.bot_support import eventually, make_bot_user, running_bot, wait_joined
-from tests.integration.test_bot_e2ee import PASSPHRASE, answered, in_room
+from tests.integration.bot_support import eventually
+from tests.integration.e2ee_rooms import encrypted_room_with_bot
+from tests.integration.test_bot_e2ee import answered
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -53,37 +54,22 @@ def test_the_recipients_are_read_from_the_rooms_state() -> None:
 async def test_an_invited_member_reads_what_the_bot_said_while_it_was_invited(
     synapse_kit: SynapseKit, tmp_path: Path
 ) -> None:
-    alice = await synapse_kit.user("alice")
     carol = await synapse_kit.user("carol")
-    bot = await make_bot_user(synapse_kit)
     store = str(tmp_path / "journal.sqlite3")
-    nio = await NioDevice.login(synapse_kit.base_url, alice.user_id, tmp_path / "alice-nio")
     invited = await NioDevice.login(synapse_kit.base_url, carol.user_id, tmp_path / "carol-nio")
     try:
-        async with synapse_kit.client(alice) as client:
-            room = await client.create_room(
-                preset="private_chat", initial_state=[ENCRYPTION, SHARED], invite=[bot.user_id]
+        async with encrypted_room_with_bot(
+            synapse_kit, tmp_path, store, initial_state=[SHARED]
+        ) as e:
+            await e.client.invite(e.room, carol.user_id)
+            asked = await e.nio.send_text(e.room, "said while carol was invited")
+            await eventually(
+                lambda: answered(store, e.bot.user_id, asked), within=90, what="the answer"
             )
-            async with running_bot(
-                synapse_kit.base_url,
-                bot.user_id,
-                store,
-                allow=frozenset({alice.user_id}),
-                passphrase=PASSPHRASE,
-            ):
-                await wait_joined(client, room, bot.user_id)
-                await nio.wait_until(lambda: in_room(nio, room, bot.user_id))
-                await client.invite(room, carol.user_id)
-                await nio.keys()
-                asked = await nio.send_text(room, "said while carol was invited")
-                await eventually(
-                    lambda: answered(store, bot.user_id, asked), within=90, what="the answer"
-                )
-                # Only now does carol join: the answer was encrypted while she was invited.
-                await invited.client.join(room)
-                await invited.wait_until(
-                    lambda: "* echo: said while carol was invited" in invited.bodies.values()
-                )
+            # Only now does carol join: the answer was encrypted while she was invited.
+            await invited.client.join(e.room)
+            await invited.wait_until(
+                lambda: "* echo: said while carol was invited" in invited.bodies.values()
+            )
     finally:
-        await nio.close()
         await invited.close()
