@@ -17,6 +17,13 @@ from tests.integration.bot_support import make_bot_user, running_bot, wait_joine
 
 PASSPHRASE = "correct horse battery staple"
 
+# History visible to members invited or joined later (the spec's default, said outright).
+SHARED = {
+    "type": "m.room.history_visibility",
+    "state_key": "",
+    "content": {"history_visibility": "shared"},
+}
+
 
 def in_room(nio: NioDevice, room_id: str, user_id: str) -> bool:
     """Whether nio's sync has shown ``user_id`` as a member of the room."""

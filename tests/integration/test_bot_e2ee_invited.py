@@ -15,16 +15,10 @@ from gapline.matrix import ClientEvent
 from tests.e2ee.synapse_peers import NioDevice
 from tests.fixtures.synapse import SynapseKit
 from tests.integration.bot_support import eventually
-from tests.integration.e2ee_rooms import encrypted_room_with_bot
+from tests.integration.e2ee_rooms import SHARED, encrypted_room_with_bot
 from tests.integration.test_bot_e2ee import answered
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-SHARED = {
-    "type": "m.room.history_visibility",
-    "state_key": "",
-    "content": {"history_visibility": "shared"},
-}
 
 
 def state(event_type: str, state_key: str, content: dict[str, str]) -> ClientEvent:
