@@ -24,10 +24,9 @@ from tests.integration.bot_support import (
     running_bot,
     wait_joined,
 )
+from tests.integration.e2ee_rooms import PASSPHRASE, in_room
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-PASSPHRASE = "correct horse battery staple"
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -62,11 +61,6 @@ async def turn_states(store: str, principal: str, sources: list[str]) -> dict[st
 async def answered(store: str, principal: str, event_id: str) -> bool:
     states = await turn_states(store, principal, [event_id])
     return states[event_id] is TurnState.DELIVERED
-
-
-def in_room(nio: NioDevice, room_id: str, user_id: str) -> bool:
-    """Whether nio's sync has shown ``user_id`` as a member of the room."""
-    return room_id in nio.client.rooms and user_id in nio.client.rooms[room_id].users
 
 
 async def journal_row(store: str, principal: str, event_id: str) -> tuple[Any, ...] | None:

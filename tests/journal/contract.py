@@ -139,8 +139,8 @@ def advance_that_raises(monkeypatch: pytest.MonkeyPatch) -> Generator[None]:
     fence's transaction rolls back whole."""
     original = _membership.advance_epoch
 
-    def failing(tx: Any, p: str, room_id: str) -> int:
-        original(tx, p, room_id)
+    def failing(tx: Any, p: str, room_id: str, seal: Any = None) -> int:
+        original(tx, p, room_id, *(() if seal is None else (seal,)))
         raise RuntimeError("injected failure after the advance statements")
 
     monkeypatch.setattr(_membership, "advance_epoch", failing)

@@ -106,6 +106,30 @@ async def test_a_context_upgrade_is_projected_and_settled(journal: PrincipalJour
     assert [r.body for r in (await journal.read_conversation(ROOM, None, 10)).rows] == ["history"]
 
 
+async def test_a_failure_from_before_the_join_is_healed_into_context_only(
+    journal: PrincipalJournal,
+) -> None:
+    # The joining sync's timeline before our join: ingress admits its failures marked.
+    await journal.admit(replace(failure("$said-before"), before_join=True), epoch=0)
+    await journal.admit(failure("$said-after", session="LATER"), epoch=0)
+    retained = await journal.undecrypted_events([ROOM])
+    assert [e.event_id for e in retained] == ["$said-before", "$said-after"]
+    assert await journal.undecrypted_events(None) == retained
+    # The key comes late and the event decrypts to a message that would be answered:
+    # it is what was said before we came, so it is context (projected, never pending).
+    before = message("$said-before", "an old question?", ts=900)
+    assert await journal.upgrade_decrypted(before) is AdmitOutcome.ADMITTED
+    assert await journal.pending(10) == ()
+    rows = (await journal.read_conversation(ROOM, None, 10)).rows
+    assert [(r.event_id, r.body) for r in rows] == [("$said-before", "an old question?")]
+    assert await journal.upgrade_decrypted(before) is AdmitOutcome.DUPLICATE
+    # A failure from after the join, healed, is answered as usual.
+    after = message("$said-after", "a new question?")
+    assert await journal.upgrade_decrypted(after) is AdmitOutcome.ADMITTED
+    assert [p.event.event_id for p in await journal.pending(10)] == ["$said-after"]
+    assert await journal.undecrypted_events(None) == ()
+
+
 async def test_an_upgrade_after_a_fence_is_recorded_but_never_answered(
     journal: PrincipalJournal,
 ) -> None:

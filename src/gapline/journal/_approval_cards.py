@@ -93,16 +93,18 @@ def card_content(
 def resolution_content(
     card_event_id: str,
     approval_id: str,
-    call: ToolCall,
+    call: ToolCall | None,
     decision: Decision,
     *,
     by: str | None,
     reason: str | None,
 ) -> dict[str, Any]:
-    """The card's one edit, showing the decision (a complete edit: never progress)."""
+    """The card's one edit, showing the decision (a complete edit: never progress).
+    ``call`` None: the edit names no call (its writer cannot read the sealed one)."""
     who = f" by {by}" if by else ""
     why = f" ({reason})" if reason else ""
-    body = f"{_VERDICT[decision]}{who}{why}: {_call_text(call)}"
+    what = "" if call is None else f": {_call_text(call)}"
+    body = f"{_VERDICT[decision]}{who}{why}{what}"
     marker = {"approval_id": approval_id, "decision": decision.value}
     new_content = {"msgtype": "m.notice", "body": body, APPROVAL_KEY: marker}
     return {

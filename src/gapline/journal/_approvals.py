@@ -20,6 +20,14 @@
 The card and the continuation may belong to different principals (a coordinator bot
 posting cards for another's turns): each row carries its own principal, and every
 query names the one it acts for.
+
+With an active `Sealing` the call (its name and canonical arguments) is sealed before
+its first write, and so is every resolution edit enqueued; the digest, the ids and the
+approvers stay clear (the approval id derives from the digest anyway). One database has
+one store key, so whoever holds it opens every sealed call. A resolution is sealed when
+its card's call is (so the card's principal can send it, whoever decided); a fence run
+by a principal without the key (it shares the database with a sealed one) still cancels
+a sealed card, with a resolution that names no call rather than one it cannot read.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from gapline.journal._approval_cards import resolution_content
 from gapline.journal._epochs import current_epoch
 from gapline.journal._locks import lock_room
 from gapline.journal._outbox import channel, load_turn, write_delivery
+from gapline.journal._sealing import Sealing
 from gapline.journal._types import (
     AnswerOutcome,
     Approval,
@@ -64,14 +73,23 @@ _APPROVAL = (
 )
 
 
-def _approval(row: tuple[Any, ...]) -> Approval:
+_CLEAR = Sealing()
+
+
+def _call(row: tuple[Any, ...], seal: Sealing) -> ToolCall:
+    name, arguments = seal.open_text(row[4]), seal.open_text(row[5])
+    assert name is not None and arguments is not None
+    return ToolCall(name, json.loads(arguments))
+
+
+def _approval(row: tuple[Any, ...], seal: Sealing) -> Approval:
     decision = row[9]
     return Approval(
         approval_id=row[0],
         turn_id=row[1],
         room_id=row[2],
         thread_id=decode_thread_id(row[3]),
-        call=ToolCall(row[4], json.loads(row[5])),
+        call=_call(row, seal),
         approvers=tuple(json.loads(row[6])),
         expires_at=int(row[8]),
         card_event_id=row[7],
@@ -87,24 +105,25 @@ def _lock_both(tx: Tx, room_id: str, *principals: str) -> None:
         lock_room(tx, principal, room_id, exclusive=False)
 
 
-def approval(tx: Tx, p: str, approval_id: str) -> Approval | None:
+def approval(tx: Tx, p: str, approval_id: str, seal: Sealing = _CLEAR) -> Approval | None:
     """The approval a turn of ``p`` waits on, wherever its card is held."""
     row = tx.one(f"{_APPROVAL} WHERE k.principal_id = ? AND k.approval_id = ?", (p, approval_id))
-    return None if row is None else _approval(row)
+    return None if row is None else _approval(row, seal)
 
 
 def open_approval(
-    tx: Tx, card_p: str, continuation_p: str, request: ApprovalRequest
+    tx: Tx, card_p: str, continuation_p: str, request: ApprovalRequest, seal: Sealing = _CLEAR
 ) -> Approval | None:
     """Open (idempotently) the card and the continuation for one exact call.
 
     None, with nothing written, when the turn's membership ended: a card must never
-    ask about a turn whose answer the fence will refuse.
+    ask about a turn whose answer the fence will refuse. ``request.card_content`` is
+    stored as given (the caller seals it with the rest of its outbox payloads).
     """
     turn = load_turn(tx, continuation_p, request.turn_id)
     if turn is None:
         raise UnknownTurn(request.turn_id)
-    existing = approval(tx, continuation_p, request.approval_id)
+    existing = approval(tx, continuation_p, request.approval_id, seal)
     if existing is not None:
         return existing
     room = turn.room_id
@@ -129,8 +148,8 @@ def open_approval(
             turn.turn_id,
             room,
             thread,
-            call.name,
-            call.canonical_arguments(),
+            seal.text(call.name),
+            seal.text(call.canonical_arguments()),
             call.digest(),
             json.dumps(sorted(request.approvers)),
             current_epoch(tx, card_p, room),
@@ -147,7 +166,7 @@ def open_approval(
         thread=thread,
         content=content.encode("utf-8") if isinstance(content, str) else bytes(content),
     )
-    return approval(tx, continuation_p, request.approval_id)
+    return approval(tx, continuation_p, request.approval_id, seal)
 
 
 def _card_delivery(
@@ -180,35 +199,41 @@ def _card_delivery(
 def _decide(
     tx: Tx,
     row: tuple[Any, ...],
+    seal: Sealing,
     decision: Decision,
     *,
     by: str | None,
     reason: str | None,
 ) -> bool:
-    """Record the decision once; enqueue the card's resolution when the card can still
-    speak (its event id is known and no fence retired it). True if this call decided."""
-    current = _approval(row)
+    """Record the decision once; enqueue the card's resolution (sealed like every outbox
+    payload) when the card can still speak (its event id is known and no fence retired
+    it). True if this call decided."""
+    approval_id, turn_id, room_id, thread, card_event_id = row[0], row[1], row[2], row[3], row[7]
     card_p, continuation_p, tombstoned = row[12], row[13], row[14]
     decided = tx.execute(
         "UPDATE approval_continuations SET decision = ?, decided_by = ?, reason = ?"
         " WHERE principal_id = ? AND approval_id = ? AND decision IS NULL",
-        (decision.value, by, reason, continuation_p, current.approval_id),
+        (decision.value, by, reason, continuation_p, approval_id),
     )
     if decided != 1:
         return False
-    if current.card_event_id is not None and not tombstoned:
-        edit = resolution_content(
-            current.card_event_id, current.approval_id, current.call, decision, by=by, reason=reason
+    if card_event_id is not None and not tombstoned:
+        # The card's own row says whether its principal seals: its resolution is sealed
+        # alike, so the principal that sends it can read it.
+        sealed_card = Sealing.is_sealed_text(row[4])
+        call = None if sealed_card and not seal.active else _call(row, seal)
+        edit = msgspec.json.encode(
+            resolution_content(card_event_id, approval_id, call, decision, by=by, reason=reason)
         )
         _card_delivery(
             tx,
             card_p,
-            current.approval_id,
+            approval_id,
             DeliveryStage.FINAL,
-            turn_id=current.turn_id,
-            room_id=current.room_id,
-            thread="" if current.thread_id is None else current.thread_id,
-            content=msgspec.json.encode(edit),
+            turn_id=turn_id,
+            room_id=room_id,
+            thread=thread,
+            content=seal.data(edit) if sealed_card else edit,
         )
     return True
 
@@ -222,6 +247,7 @@ def resolve_approval(
     approver: str,
     answer_event_id: str,
     now: int,
+    seal: Sealing = _CLEAR,
 ) -> AnswerOutcome:
     """Record one answer (APPROVED or DENIED) to the card ``card_event_id`` of ``p``.
 
@@ -242,7 +268,7 @@ def resolve_approval(
         " WHERE principal_id = ? AND event_id = ? AND settled = 0",
         (p, answer_event_id),
     )
-    current = _approval(row)
+    current = _approval(row, seal)
     if row[14]:
         return AnswerOutcome(ApprovalAnswer.TOMBSTONED, current)
     continuation_p = row[13]
@@ -256,30 +282,34 @@ def resolve_approval(
     if current.decision is not None:
         return AnswerOutcome(ApprovalAnswer.ALREADY_DECIDED, current)
     if now >= current.expires_at:
-        _decide(tx, row, Decision.EXPIRED, by=None, reason="no answer in time")
+        _decide(tx, row, seal, Decision.EXPIRED, by=None, reason="no answer in time")
         return AnswerOutcome(
-            ApprovalAnswer.EXPIRED, approval(tx, continuation_p, current.approval_id)
+            ApprovalAnswer.EXPIRED, approval(tx, continuation_p, current.approval_id, seal)
         )
-    if not _decide(tx, row, decision, by=approver, reason=None):
+    if not _decide(tx, row, seal, decision, by=approver, reason=None):
         return AnswerOutcome(
-            ApprovalAnswer.ALREADY_DECIDED, approval(tx, continuation_p, current.approval_id)
+            ApprovalAnswer.ALREADY_DECIDED, approval(tx, continuation_p, current.approval_id, seal)
         )
-    return AnswerOutcome(ApprovalAnswer.RECORDED, approval(tx, continuation_p, current.approval_id))
+    return AnswerOutcome(
+        ApprovalAnswer.RECORDED, approval(tx, continuation_p, current.approval_id, seal)
+    )
 
 
-def expire_approval(tx: Tx, p: str, approval_id: str, now: int) -> Approval | None:
+def expire_approval(
+    tx: Tx, p: str, approval_id: str, now: int, seal: Sealing = _CLEAR
+) -> Approval | None:
     """Decide EXPIRED when the deadline passed and nobody decided; the approval as it is."""
     row = tx.one(f"{_APPROVAL} WHERE k.principal_id = ? AND k.approval_id = ?", (p, approval_id))
     if row is None:
         return None
-    current = _approval(row)
+    current = _approval(row, seal)
     if current.decision is None and now >= current.expires_at:
         _lock_both(tx, current.room_id, row[12], p)
-        _decide(tx, row, Decision.EXPIRED, by=None, reason="no answer in time")
-    return approval(tx, p, approval_id)
+        _decide(tx, row, seal, Decision.EXPIRED, by=None, reason="no answer in time")
+    return approval(tx, p, approval_id, seal)
 
 
-def reconcile_departure(tx: Tx, p: str, room_id: str) -> None:
+def reconcile_departure(tx: Tx, p: str, room_id: str, seal: Sealing = _CLEAR) -> None:
     """The approval half of ``p``'s epoch advance in ``room_id`` (its caller holds the
     room's exclusive lock and has already removed the unattempted deliveries).
 
@@ -300,14 +330,16 @@ def reconcile_departure(tx: Tx, p: str, room_id: str) -> None:
         # Cards held by p are tombstoned below: only another principal's card may speak.
         if row[12] == p:
             row = (*row[:14], 1, *row[15:])
-        _decide(tx, row, Decision.CANCELLED, by=None, reason="the bot left the room")
+        _decide(tx, row, seal, Decision.CANCELLED, by=None, reason="the bot left the room")
     held = tx.all(
         f"{_APPROVAL} WHERE c.principal_id = ? AND c.room_id = ? AND c.tombstoned = 0"
         " AND k.decision IS NULL",
         (p, room_id),
     )
     for row in held:
-        _decide(tx, (*row[:14], 1, *row[15:]), Decision.CANCELLED, by=None, reason="the bot left")
+        _decide(
+            tx, (*row[:14], 1, *row[15:]), seal, Decision.CANCELLED, by=None, reason="the bot left"
+        )
     tx.execute(
         "UPDATE approval_cards SET tombstoned = 1"
         " WHERE principal_id = ? AND room_id = ? AND tombstoned = 0",

@@ -165,6 +165,36 @@ def _no_store(room_id: str) -> EncryptionUnavailable:
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class RoomMembers:
+    """Who may read what the bot sends next: the joined members, the invited ones, and
+    the room's ``m.room.history_visibility`` (the machine shares the key with invited
+    members when it lets them read: ``invited``, ``shared``, ``world_readable``)."""
+
+    joined: tuple[str, ...]
+    invited: tuple[str, ...]
+    history_visibility: str
+
+
+def room_members(state: Sequence[ClientEvent]) -> RoomMembers:
+    """The recipients of a room key, from the room's current state. A room with no
+    ``m.room.history_visibility`` is ``shared`` (the spec's default)."""
+    joined: list[str] = []
+    invited: list[str] = []
+    visibility = "shared"
+    for event in state:
+        if event.type == "m.room.member" and event.state_key:
+            membership = event.content.get("membership")
+            if membership == "join":
+                joined.append(event.state_key)
+            elif membership == "invite":
+                invited.append(event.state_key)
+        elif event.type == "m.room.history_visibility" and event.state_key == "":
+            value = event.content.get("history_visibility")
+            visibility = value if isinstance(value, str) else visibility
+    return RoomMembers(tuple(sorted(joined)), tuple(sorted(invited)), visibility)
+
+
 async def _server_encryption(client: _StateSource, room_id: str) -> dict[str, Any] | None:
     try:
         content = await client.get_state(room_id, "m.room.encryption")
@@ -354,9 +384,9 @@ class BotCrypto:
         content: dict[str, Any],
         also: Callable[[dict[str, Any], Tx], Any] | None = None,
     ) -> dict[str, Any]:
-        joined = list(await self._client.joined_members(room_id))
+        members = room_members(await self._client.room_state(room_id))
         try:
-            report = await self._share(room_id, joined)
+            report = await self._share(room_id, members)
             if report.rotated or report.shared_with or report.withheld:
                 log.info(
                     "room key shared",
@@ -372,12 +402,17 @@ class BotCrypto:
         except EncryptionRefused as exc:
             raise EncryptionUnavailable(f"nothing sent in the clear: {exc}") from exc
 
-    async def _share(self, room_id: str, joined: list[str]) -> ShareReport:
+    async def _share(self, room_id: str, members: RoomMembers) -> ShareReport:
         """`CryptoMachine.share_room_key` driven to READY: query, claim, then the new key's
         to-device messages, committed (queued) before any is sent."""
         machine = self._driver.machine
         for _ in range(6):
-            report = machine.share_room_key(room_id, joined)
+            report = machine.share_room_key(
+                room_id,
+                members.joined,
+                invited=members.invited,
+                history_visibility=members.history_visibility,
+            )
             if report.state is ShareState.READY:
                 await self.commit()
                 if report.shared_with or report.withheld:

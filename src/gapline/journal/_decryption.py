@@ -12,6 +12,10 @@ decrypted source, ``upgraded_from = 'decryption_failure'``, then the projection 
 The guard is the row's own state: only a row still awaiting its key is upgraded, so a
 second key, a redelivered sync or a restart finds nothing to do (``DUPLICATE``).
 
+A failure admitted from before our join (``before_join``: ``settled =
+AWAITING_KEY_BEFORE_JOIN``) is upgraded as context whatever its decrypted kind: the
+joining sync's earlier timeline is context, and a late key does not change that.
+
 A row whose room was fenced since it was admitted (its admission epoch is not the
 room's current one) is upgraded force-settled: it is recorded as what it is, never
 projected into the new membership and never answered (``STALE_EPOCH``).
@@ -20,10 +24,16 @@ projected into the new membership and never answered (``STALE_EPOCH``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from gapline.journal._admission import project_admitted
 from gapline.journal._epochs import current_epoch
-from gapline.journal._events import AWAITING_KEY, EVENT_COLUMNS, pending_event
+from gapline.journal._events import (
+    AWAITING_KEY,
+    AWAITING_KEY_BEFORE_JOIN,
+    EVENT_COLUMNS,
+    pending_event,
+)
 from gapline.journal._locks import lock_messages
 from gapline.journal._projection import ParsedEvent, lock_ids
 from gapline.journal._types import AdmitOutcome, EventKind, InboundEvent, encode_thread_id
@@ -36,24 +46,28 @@ def undecrypted(
     tx: Tx, p: str, room_ids: Sequence[str] | None, limit: int
 ) -> tuple[InboundEvent, ...]:
     """Retained decryption failures (their ciphertext as ``content``), oldest first; of
-    ``room_ids`` only, or of every room when None. Index-covered (partial index)."""
-    if room_ids is None:
-        rows = tx.all(
-            f"SELECT {EVENT_COLUMNS} FROM journal_events"
-            " WHERE principal_id = ? AND settled = ? ORDER BY seq LIMIT ?",
-            (p, AWAITING_KEY, limit),
-        )
-    else:
-        rows = []
+    ``room_ids`` only, or of every room when None. Index-covered (one partial index per
+    awaiting state, so one query per state)."""
+    rows = []
+    for state in (AWAITING_KEY, AWAITING_KEY_BEFORE_JOIN):
+        if room_ids is None:
+            rows.extend(
+                tx.all(
+                    f"SELECT {EVENT_COLUMNS} FROM journal_events"
+                    " WHERE principal_id = ? AND settled = ? ORDER BY seq LIMIT ?",
+                    (p, state, limit),
+                )
+            )
+            continue
         for room_id in dict.fromkeys(room_ids):
             rows.extend(
                 tx.all(
                     f"SELECT {EVENT_COLUMNS} FROM journal_events WHERE principal_id = ?"
                     " AND room_id = ? AND settled = ? ORDER BY seq LIMIT ?",
-                    (p, room_id, AWAITING_KEY, limit),
+                    (p, room_id, state, limit),
                 )
             )
-        rows.sort(key=lambda r: int(r[0]))
+    rows.sort(key=lambda r: int(r[0]))
     return tuple(pending_event(r).event for r in rows[:limit])
 
 
@@ -65,13 +79,15 @@ def upgrade(
         raise ValueError("an upgrade needs the decrypted event's own kind")
     lock_messages(tx, p, event.room_id, lock_ids(parsed, event.event_id), room_shared=True)
     row = tx.one(
-        "SELECT seq, epoch FROM journal_events WHERE principal_id = ? AND event_id = ?"
-        " AND settled = ?",
-        (p, event.event_id, AWAITING_KEY),
+        "SELECT seq, epoch, settled FROM journal_events WHERE principal_id = ?"
+        " AND event_id = ? AND settled IN (?, ?)",
+        (p, event.event_id, AWAITING_KEY, AWAITING_KEY_BEFORE_JOIN),
     )
     if row is None:
         return AdmitOutcome.DUPLICATE
     seq, admitted_epoch = int(row[0]), int(row[1])
+    if int(row[2]) == AWAITING_KEY_BEFORE_JOIN and event.kind is EventKind.ACTIONABLE:
+        event = replace(event, kind=EventKind.CONTEXT_ONLY)
     fenced = current_epoch(tx, p, event.room_id) != admitted_epoch
     context_only = event.kind is EventKind.CONTEXT_ONLY
     keep = not (context_only or fenced)

@@ -25,6 +25,7 @@ from gapline.journal._types import (
 
 __all__ = [
     "AWAITING_KEY",
+    "AWAITING_KEY_BEFORE_JOIN",
     "EPOCH_CHECKED_INSERT",
     "EVENT_COLUMNS",
     "journal_insert",
@@ -33,6 +34,9 @@ __all__ = [
 
 AWAITING_KEY = 3
 """``settled`` of a retained decryption failure: not pending, its ciphertext kept."""
+AWAITING_KEY_BEFORE_JOIN = 4
+"""The same, for a failure from before our join: its upgrade is context only (the rule
+that the joining sync's earlier timeline is context must hold when its key comes late)."""
 
 EPOCH_CHECKED_INSERT = (
     "INSERT INTO journal_events (principal_id, event_id, room_id, thread_id, sender,"
@@ -46,6 +50,10 @@ EPOCH_CHECKED_INSERT = (
 the hot path, returning the receipt order (``seq``), or no row when the epoch moved or
 the event is a duplicate. Both admission forms run it (see ``_admission``); its
 parameters come from :func:`journal_insert`."""
+
+
+def _awaiting(event: InboundEvent) -> int:
+    return AWAITING_KEY_BEFORE_JOIN if event.before_join else AWAITING_KEY
 
 
 def journal_insert(p: str, event: InboundEvent, epoch: int) -> tuple[str, tuple[Any, ...], bool]:
@@ -71,7 +79,7 @@ def journal_insert(p: str, event: InboundEvent, epoch: int) -> tuple[str, tuple[
         event.redacts,
         None if context_only else event.resolved_text,
         None if context_only else source,
-        1 if context_only else (AWAITING_KEY if undecrypted else 0),
+        1 if context_only else (_awaiting(event) if undecrypted else 0),
         p,
         event.room_id,
         epoch,

@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gapline.e2ee import DecryptedEvent, RoomKeyId
@@ -493,6 +493,9 @@ class Ingress:
             inbound = inbound_event(
                 room_id, event, kind=kind, provenance=provenance, resolved_text=resolved
             )
+            if index < joined_at and kind is EventKind.DECRYPTION_FAILURE:
+                # Healed later, it is still what was said before we came: context.
+                inbound = replace(inbound, before_join=True)
             outcome = await self.journal.admit(inbound, epoch=epoch)
             if outcome is AdmitOutcome.DUPLICATE and event.event_id in decrypted:
                 # Redelivered with its key this time: its retained failure, if any, is

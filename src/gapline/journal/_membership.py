@@ -23,8 +23,11 @@ from typing import Protocol
 
 from gapline.journal import _approvals, _relations
 from gapline.journal._locks import lock_room
+from gapline.journal._sealing import Sealing
 from gapline.journal._types import DepartureOutcome, DepartureSource
 from gapline.storage import Tx
+
+_CLEAR = Sealing()
 
 __all__ = [
     "INTERACTIVE_REACTION",
@@ -53,7 +56,7 @@ class MembershipView(Protocol):
     async def retire_owed_departure_reports(self, room_id: str) -> int: ...
 
 
-def advance_epoch(tx: Tx, p: str, room_id: str) -> int:
+def advance_epoch(tx: Tx, p: str, room_id: str, seal: Sealing = _CLEAR) -> int:
     """Advance the room's epoch and drop or settle every fact derived under the old one.
 
     The caller holds the exclusive room lock. Attempted-but-unacknowledged deliveries
@@ -79,7 +82,7 @@ def advance_epoch(tx: Tx, p: str, room_id: str) -> int:
         " AND acked_event_id IS NULL AND attempted = 0",
         params,
     )
-    _approvals.reconcile_departure(tx, p, room_id)
+    _approvals.reconcile_departure(tx, p, room_id, seal)
     _relations.drop_interactive(tx, p, room_id)
     # Force-settle turn-backed sources (and claimed interactive reactions) so the worker
     # does not offer them forever only for enqueue to refuse. Other kinds (redactions
@@ -94,7 +97,12 @@ def advance_epoch(tx: Tx, p: str, room_id: str) -> int:
 
 
 def fence_departure(
-    tx: Tx, p: str, room_id: str, source: DepartureSource, report_id: str | None = None
+    tx: Tx,
+    p: str,
+    room_id: str,
+    source: DepartureSource,
+    report_id: str | None = None,
+    seal: Sealing = _CLEAR,
 ) -> DepartureOutcome:
     """Apply one departure. ``report_id`` (REPORTED only) is the event that reported it:
     recorded in this transaction, so a redelivery of that event does nothing."""
@@ -122,9 +130,9 @@ def fence_departure(
                 (p, room_id, owed[0]),
             )
             return DepartureOutcome.ECHO_RETIRED
-        advance_epoch(tx, p, room_id)
+        advance_epoch(tx, p, room_id, seal)
         return DepartureOutcome.ADVANCED
-    epoch = advance_epoch(tx, p, room_id)
+    epoch = advance_epoch(tx, p, room_id, seal)
     tx.execute(
         "INSERT INTO journal_owed_departures (principal_id, room_id, epoch) VALUES (?, ?, ?)",
         (p, room_id, epoch),

@@ -265,6 +265,14 @@ CREATE INDEX journal_events_undecrypted
 """
 
 
+_V4 = """
+-- A decryption failure from before our join (the joining sync's timeline up to our
+-- join) is retained with settled = 4 instead of 3: when its key comes its upgrade is
+-- context only, so a late key never makes the bot answer what was said before it came.
+CREATE INDEX journal_events_undecrypted_before_join
+    ON journal_events (principal_id, room_id, seq) WHERE settled = 4;
+"""
+
 MIGRATIONS = (
     Migration(
         version=1,
@@ -283,5 +291,11 @@ MIGRATIONS = (
         name="decryption failures retained until their key arrives, upgraded in place",
         sqlite=_render(_V3, postgres=False),
         postgres=_render(_V3, postgres=True),
+    ),
+    Migration(
+        version=4,
+        name="decryption failures from before the join upgraded as context",
+        sqlite=_render(_V4, postgres=False),
+        postgres=_render(_V4, postgres=True),
     ),
 )

@@ -10,7 +10,9 @@ the passphrase-wrapped store key:
 - the replay input of an event (``journal_events.source``, ``resolved_text``);
 - the projection's bodies (``journal_messages.body``, ``journal_held_edits.body``);
 - a turn's result (``journal_turns.result``) and an outbox payload before it is
-  Megolm-encrypted (``journal_outbox.content``).
+  Megolm-encrypted (``journal_outbox.content``), approval cards and their resolution
+  edits included;
+- an approval's exact call (``approval_cards.tool_name``, ``arguments``).
 
 Identifiers, timestamps and the order of rows stay in the clear: every index and every
 SQL rule (tombstones, edit order, row-value cursors) works on them unchanged, and a body
@@ -97,6 +99,11 @@ class Sealing:
         if self._cipher is None or not raw:
             return raw
         return _DATA + self._cipher.encrypt(raw, _AAD_DATA)
+
+    @staticmethod
+    def is_sealed_text(value: str) -> bool:
+        """Whether ``value`` was stored sealed (by whichever principal wrote it)."""
+        return value.startswith(_TEXT)
 
     def open_data(self, value: bytes | None) -> bytes | None:
         if value is None or not value.startswith(_DATA):

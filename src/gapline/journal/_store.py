@@ -108,17 +108,25 @@ class JournalStore:
         return PrincipalJournal(self._backend, principal_id, sealing or Sealing())
 
     async def open_delegated_approval(
-        self, card_principal: str, continuation_principal: str, request: ApprovalRequest
+        self,
+        card_principal: str,
+        continuation_principal: str,
+        request: ApprovalRequest,
+        *,
+        sealing: Sealing | None = None,
     ) -> Approval | None:
         """Open an approval whose card ``card_principal`` posts (say, a coordinator bot)
         for a turn of ``continuation_principal``. Each row keeps its own principal; an
-        epoch advance of either reconciles both (``_approvals.reconcile_departure``)."""
+        epoch advance of either reconciles both (``_approvals.reconcile_departure``).
+        With an active ``sealing`` the call and the card are sealed (``_sealing``)."""
+        seal = sealing or Sealing()
         return await self._backend.write(
             partial(
                 _approvals.open_approval,
                 card_p=card_principal,
                 continuation_p=continuation_principal,
-                request=request,
+                request=replace(request, card_content=seal.data(request.card_content)),
+                seal=seal,
             )
         )
 
@@ -167,6 +175,7 @@ class PrincipalJournal:
                 room_id=room_id,
                 source=source,
                 report_id=report_id,
+                seal=self._seal,
             )
         )
 
@@ -472,13 +481,14 @@ class PrincipalJournal:
                 card_p=self._p,
                 continuation_p=self._p,
                 request=replace(request, card_content=self._seal.data(request.card_content)),
+                seal=self._seal,
             )
         )
 
     async def approval(self, approval_id: str) -> Approval | None:
         """The approval one of our turns waits on (wherever its card is held)."""
         return await self._backend.read(
-            partial(_approvals.approval, p=self._p, approval_id=approval_id)
+            partial(_approvals.approval, p=self._p, approval_id=approval_id, seal=self._seal)
         )
 
     async def resolve_approval(
@@ -503,6 +513,7 @@ class PrincipalJournal:
                 approver=approver,
                 answer_event_id=answer_event_id,
                 now=_now_ms() if now is None else now,
+                seal=self._seal,
             )
         )
 
@@ -514,6 +525,7 @@ class PrincipalJournal:
                 p=self._p,
                 approval_id=approval_id,
                 now=_now_ms() if now is None else now,
+                seal=self._seal,
             )
         )
 

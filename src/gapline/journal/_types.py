@@ -171,7 +171,9 @@ class InboundEvent:
     ``redacts`` is the redaction target for room versions that carry it at the top
     level (v11 keeps it in content, which is read too). ``resolved_text`` is the
     resolved sidecar plaintext when the content is a sidecar preview (the projection
-    stores only that, never the preview).
+    stores only that, never the preview). ``before_join`` marks a decryption failure
+    from before our (re)join (the part of the joining sync's timeline that precedes our
+    join): whenever its key comes, its upgrade is context only, never answered.
     """
 
     event_id: str
@@ -185,6 +187,7 @@ class InboundEvent:
     provenance: Provenance = Provenance.LIVE
     redacts: str | None = None
     resolved_text: str | None = None
+    before_join: bool = False
 
 
 class AdmitOutcome(enum.Enum):
