@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,15 +16,6 @@ from gapline.storage import open_backend
 
 ROOM = "!room:example.org"
 BOT = "@bot:example.org"
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """`gapline bot` installs its JSON handler on the 'gapline' logger; undo it after."""
-    logger = logging.getLogger("gapline")
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
 
 
 def message(n: int, body: str, **content: object) -> ClientEvent:
