@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from gapline.history import (
     Engine,
     EventItem,
@@ -245,6 +247,41 @@ async def test_a_key_saved_without_its_heal_heals_at_the_next_start(tmp_path, mo
         await s.engine.execute(OpenRoom(ROOM))
         rows = {r.event_id: r for r in _events(s.rows())}
         assert rows[event.event_id].body == "survives a crash"
+
+
+@pytest.mark.parametrize("room_first", [False, True])
+async def test_the_start_sweep_runs_whoever_opens_the_machine_first(
+    tmp_path, monkeypatch, room_first: bool
+) -> None:
+    """Opening a room before the first sync opens the machine too; the sweep still runs
+    at that first sync, so a key saved without its heal still heals."""
+    from gapline.history._crypto import EngineCrypto
+
+    async with scene(tmp_path) as s:
+        await s.join_encrypted_room()
+        s.server.hold_to_device = True
+        event = s.encrypted("opened first")
+        await s.sync(event)
+        s.server.release_to_device()
+        healing = EngineCrypto.healing
+
+        async def lost(self, keys):  # the heal never commits
+            return {}
+
+        monkeypatch.setattr(EngineCrypto, "healing", lost)
+        await s.sync()
+        monkeypatch.setattr(EngineCrypto, "healing", healing)
+        server, bob = s.server, s.bob
+    async with scene(tmp_path, server, bob) as s:
+        if room_first:  # a page load opens the machine before any sync, as _walks does
+            assert s.engine.crypto is not None and await s.engine.crypto.ensure() is not None
+            await s.engine.execute(OpenRoom(ROOM))
+        await s.sync()
+        if not room_first:
+            await s.engine.execute(OpenRoom(ROOM))
+        await s.engine.flush_history(ROOM)
+        rows = {r.event_id: r for r in _events(s.rows())}
+        assert rows[event.event_id].body == "opened first"
 
 
 async def test_a_thread_reply_heals_in_the_thread_it_was_kept_in(tmp_path) -> None:

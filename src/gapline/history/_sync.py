@@ -113,6 +113,7 @@ class Sync:
         self._flush_room = flush_room
         self._typing = typing
         self._after_ingest = after_ingest
+        self._swept = False
         self._filter: dict[str, Any] | None = (
             None if timeline_limit is None else {"room": {"timeline": {"limit": timeline_limit}}}
         )
@@ -140,7 +141,10 @@ class Sync:
         with encryption, decrypted first and committed with the machine's changes."""
         crypto = self._crypto
         healed: list[str] = []
-        if crypto is not None and not crypto.ready and await crypto.ensure() is not None:
+        # The start-up sweep runs once, at the first sync after the machine is open,
+        # whoever opened it (a page load may have done so before any sync).
+        if crypto is not None and not self._swept and await crypto.ensure() is not None:
+            self._swept = True
             await self._sweep(crypto)
         if crypto is not None and crypto.ready:
             healed = await self._ingest_encrypted(crypto, response, initial=initial)
