@@ -29,7 +29,7 @@ from gapline.history import (
 from gapline.matrix import ClientEvent
 from gapline.storage import KdfParams
 from tests.e2ee.harness import Room
-from tests.history.e2ee_support import MEGOLM, ROOM, Homeserver, alice_client, scene
+from tests.history.e2ee_support import MEGOLM, ROOM, Homeserver, Scene, alice_client, scene
 
 
 def _events(rows):
@@ -218,26 +218,32 @@ async def test_a_room_the_server_says_is_not_encrypted_gets_plaintext(tmp_path) 
         assert s.hs.sent == [("m.room.message", {"msgtype": "m.text", "body": "in the clear"})]
 
 
+async def _key_saved_without_its_heal(s: Scene, monkeypatch, text: str) -> ClientEvent:
+    """An encrypted event retained as a hole, then its key committed by a sync whose heal
+    never lands (a crash between a request's answer and its heal)."""
+    from gapline.history._crypto import EngineCrypto
+
+    await s.join_encrypted_room()
+    s.server.hold_to_device = True
+    event = s.encrypted(text)
+    await s.sync(event)
+    s.server.release_to_device()
+    healing = EngineCrypto.healing
+
+    async def lost(self, keys):  # the heal never commits
+        return {}
+
+    monkeypatch.setattr(EngineCrypto, "healing", lost)
+    await s.sync()
+    monkeypatch.setattr(EngineCrypto, "healing", healing)
+    return event
+
+
 async def test_a_key_saved_without_its_heal_heals_at_the_next_start(tmp_path, monkeypatch) -> None:
     """A key committed while the heal of its rows did not land (a crash between a request's
     answer and its heal) is found at the next start: the rows heal then."""
-    from gapline.history._crypto import EngineCrypto
-
-    server, bob, event = None, None, None
     async with scene(tmp_path) as s:
-        await s.join_encrypted_room()
-        s.server.hold_to_device = True
-        event = s.encrypted("survives a crash")
-        await s.sync(event)
-        s.server.release_to_device()
-        healing = EngineCrypto.healing
-
-        async def lost(self, keys):  # the heal never commits
-            return {}
-
-        monkeypatch.setattr(EngineCrypto, "healing", lost)
-        await s.sync()
-        monkeypatch.setattr(EngineCrypto, "healing", healing)
+        event = await _key_saved_without_its_heal(s, monkeypatch, "survives a crash")
         await s.engine.execute(OpenRoom(ROOM))
         rows = {r.event_id: r for r in _events(s.rows())}
         assert rows[event.event_id].decryption is not None  # still a hole
@@ -255,22 +261,8 @@ async def test_the_start_sweep_runs_whoever_opens_the_machine_first(
 ) -> None:
     """Opening a room before the first sync opens the machine too; the sweep still runs
     at that first sync, so a key saved without its heal still heals."""
-    from gapline.history._crypto import EngineCrypto
-
     async with scene(tmp_path) as s:
-        await s.join_encrypted_room()
-        s.server.hold_to_device = True
-        event = s.encrypted("opened first")
-        await s.sync(event)
-        s.server.release_to_device()
-        healing = EngineCrypto.healing
-
-        async def lost(self, keys):  # the heal never commits
-            return {}
-
-        monkeypatch.setattr(EngineCrypto, "healing", lost)
-        await s.sync()
-        monkeypatch.setattr(EngineCrypto, "healing", healing)
+        event = await _key_saved_without_its_heal(s, monkeypatch, "opened first")
         server, bob = s.server, s.bob
     async with scene(tmp_path, server, bob) as s:
         if room_first:  # a page load opens the machine before any sync, as _walks does

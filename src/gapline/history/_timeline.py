@@ -43,10 +43,10 @@ from gapline.history._cache_store import Window
 from gapline.history._echoes import ECHO_ORD, ECHO_PREFIX
 from gapline.history._items import EventItem, InReplyTo, Member, ReplyStatus
 from gapline.history._render import preview_of, render, reply_preview
+from gapline.history._timeline_parts import bare_rows, better_quote, event_of, gap_item
 from gapline.history._types import (
     Append,
     Event,
-    HistoryGapItem,
     Insert,
     MembersChanged,
     ReadMarkerItem,
@@ -73,7 +73,6 @@ from gapline.history._updates import (
     MembersUpdated,
     ReceiptsChanged,
     RowChanged,
-    StoredEvent,
     Update,
 )
 from gapline.matrix import ClientEvent
@@ -82,20 +81,6 @@ __all__ = ["Timeline", "gap_item"]
 
 _GAP_POS = -(2**62)
 RowKey = tuple[int, int, int]
-
-
-def gap_item(gap: GapRecord) -> HistoryGapItem:
-    return HistoryGapItem(
-        id=gap.gap_id,
-        older_boundary=gap.older_boundary or "",
-        newer_boundary=gap.newer_boundary,
-        lifecycle=gap.lifecycle,
-        failure=gap.failure,
-    )
-
-
-def _bare_rows(events: Sequence[StoredEvent]) -> list[EventItem]:
-    return [render(s.event, None, sender_name=s.sender_name) for s in events]
 
 
 class Timeline:
@@ -223,7 +208,7 @@ class Timeline:
 
     def _rows(self, window: Window) -> list[tuple[RowKey, TimelineItem]]:
         by_event = self._readers()
-        items = window.items if window.items is not None else _bare_rows(window.events)
+        items = window.items if window.items is not None else bare_rows(window.events)
         rows: list[tuple[RowKey, TimelineItem]] = []
         for stored, item in zip(window.events, items, strict=True):
             key = (stored.ord, stored.pos, 1)
@@ -520,7 +505,7 @@ class Timeline:
                     if isinstance(current, EventItem):
                         quote = item.in_reply_to
                         if quote is not None and current.in_reply_to is not None:
-                            quote = _better(current.in_reply_to, quote)
+                            quote = better_quote(current.in_reply_to, quote)
                         diff = self._set(
                             key, replace(item, receipts=current.receipts, in_reply_to=quote)
                         )
@@ -535,7 +520,7 @@ class Timeline:
                     return out
                 key = (ECHO_ORD, seq, 1)
                 if self._contains(key):
-                    self._echo_events.pop(_event_of(self._item_at(key)), None)
+                    self._echo_events.pop(event_of(self._item_at(key)), None)
                     diff = self._set(key, item)
                     if diff is not None:
                         out.append(diff)
@@ -598,7 +583,9 @@ class Timeline:
         for key in sorted(self._quoting.get(event_id, ())):
             row = self._item_at(key)
             if isinstance(row, EventItem) and row.in_reply_to is not None:
-                diff = self._set(key, replace(row, in_reply_to=_better(row.in_reply_to, quote)))
+                diff = self._set(
+                    key, replace(row, in_reply_to=better_quote(row.in_reply_to, quote))
+                )
                 if diff is not None:
                     out.append(diff)
         return out
@@ -642,14 +629,3 @@ class Timeline:
             if new_key is not None:
                 out.append(self._insert((new_key[0], new_key[1], 2), ReadMarkerItem()))
         return out
-
-
-def _event_of(item: TimelineItem | None) -> str:
-    return item.event_id if isinstance(item, EventItem) else ""
-
-
-def _better(current: InReplyTo, new: InReplyTo) -> InReplyTo:
-    """A quote never goes back from ready (or unavailable) to pending."""
-    if new.status is ReplyStatus.Pending and current.status is not ReplyStatus.Pending:
-        return current
-    return new
