@@ -12,7 +12,7 @@ from gapline.e2ee import (
     UtdReason,
 )
 
-from .harness import Clock, Room, connected, online
+from .harness import Clock, Peer, Room, connected, online
 from .keyserver import KeyServer
 
 
@@ -136,6 +136,44 @@ def test_a_device_without_one_time_keys_gets_no_olm_and_the_others_get_the_key()
     utd = carol.read(room, event)
     assert isinstance(utd, UnableToDecrypt)
     assert (utd.reason, utd.withheld_code) == (UtdReason.WITHHELD, "m.no_olm")
+
+
+def _carol_without_keys() -> tuple[KeyServer, Clock, Peer, Peer, Room]:
+    server, clock = KeyServer(), Clock()
+    alice, carol = online(server, clock, ("@alice:x", "A1"), ("@carol:x", "C1"))
+    server.one_time_keys[carol.me].clear()
+    del server.fallback_keys[carol.me]
+    room = Room("!r:x")
+    alice.join(room)
+    carol.join(room)
+    return server, clock, alice, carol, room
+
+
+def _withheld_notices(server: KeyServer, peer: Peer) -> int:
+    return sum(e["type"] == "m.room_key.withheld" for e in server.inbox[peer.me])
+
+
+def test_a_withheld_device_is_told_once_per_session() -> None:
+    server, clock, alice, carol, room = _carol_without_keys()
+    first = alice.send(room, "one")
+    clock.advance(60_000)
+    second = alice.send(room, "two")
+    assert first.content["session_id"] == second.content["session_id"]
+    assert _withheld_notices(server, carol) == 1
+
+
+def test_a_withheld_device_gets_the_session_once_it_has_keys_again() -> None:
+    server, clock, alice, carol, room = _carol_without_keys()
+    first = alice.send(room, "before")
+    carol.sync()  # sees its one-time key count at zero and uploads new keys
+    assert server.one_time_keys[carol.me]
+    clock.advance(2 * 3600 * 1000)  # past the machine's wait before claiming again
+    second = alice.send(room, "after")
+    assert first.content["session_id"] == second.content["session_id"]  # no rotation
+    carol.sync()
+    assert carol.body(room, second) == "after"
+    still = carol.read(room, first)  # shared from the index it had reached: honest
+    assert isinstance(still, UnableToDecrypt)
 
 
 def test_a_claimed_key_with_a_bad_signature_is_refused_and_withheld() -> None:

@@ -4,8 +4,10 @@ Who gets the room key: every device of every joined member (and of invited
 members when the room's history visibility is not ``joined``), except this
 device, whose device keys were accepted. A device we have no Olm session with
 needs a one-time key claimed first; a device for which ``/keys/claim``
-returned nothing gets an ``m.room_key.withheld`` notice (``m.no_olm``) and the
-share goes on to the others. A device that joins later gets the current
+returned nothing gets an ``m.room_key.withheld`` notice (``m.no_olm``) once per
+session and the share goes on to the others; a withheld device stays due the key,
+so it gets it as soon as an Olm session with it exists (it may have written to us
+first) or a later claim succeeds (the machine spaces those claims out). A device that joins later gets the current
 session from its current index (so it reads from then on, not before).
 
 When a room's session is replaced (rotation): no session yet; the room's
@@ -235,12 +237,21 @@ class GroupSessionManager:
                 self.invalidate(room_id, str(why))
             outbound = self._new_session(room_id, settings, now)
             rotated = True
-        pending = [d for d in recipients if (d.user_id, d.device_id) not in outbound.shares]
+        # A withheld device is pending again: one moment without one-time keys must not
+        # keep it out of the session until the next rotation.
+        pending = [
+            d
+            for d in recipients
+            if outbound.shares.get((d.user_id, d.device_id), (WITHHELD, 0))[0] == WITHHELD
+        ]
         need = tuple(d for d in pending if not self._parts.olm.has_session(d.curve25519))
         can = tuple(d for d in pending if self._parts.olm.has_session(d.curve25519))
-        reachable = {d.user_id for d in pending} | {
-            u for (u, _), (st, _) in outbound.shares.items() if st == SHARED
-        }
+        withheld = {pair for pair, (st, _) in outbound.shares.items() if st == WITHHELD}
+        reachable = (
+            {d.user_id for d in (*need, *can) if (d.user_id, d.device_id) not in withheld}
+            | {d.user_id for d in can}
+            | {u for (u, _), (st, _) in outbound.shares.items() if st == SHARED}
+        )
         unreachable = tuple(sorted(members - reachable - {self._parts.account.user_id}))
         return SharePlan(outbound.session_id, rotated, need, can, unreachable)
 
@@ -309,6 +320,8 @@ class GroupSessionManager:
         a = self._parts.account
         messages: dict[str, dict[str, dict[str, Any]]] = {}
         for d in devices:
+            if outbound.shares.get((d.user_id, d.device_id), (SHARED, 0))[0] == WITHHELD:
+                continue  # told once for this session
             messages.setdefault(d.user_id, {})[d.device_id] = {
                 "algorithm": MEGOLM,
                 "code": "m.no_olm",
