@@ -296,3 +296,37 @@ async def _sees_device_id(nio: NioDevice, user_id: str, device_id: str) -> None:
         ):
             return
     raise AssertionError("nio never saw the engine's device keys")
+
+
+async def test_setup_recovery_never_replaces_cross_signing_keys_it_does_not_hold_unasked(
+    synapse_kit: SynapseKit, tmp_path: Path
+) -> None:
+    user = await synapse_kit.user("keys")
+    base = ("keys", "setup-recovery", "--homeserver", synapse_kit.base_url, "--user")
+    login = (user.user_id, "--password", "password", "--passphrase", STORE_PASSPHRASE)
+    first, out, err = await _gapline(*base, *login, "--store", str(tmp_path / "first"))
+    assert first == 0, err
+    master = await _master_key(synapse_kit, user)
+
+    # A second device that never recovered: stopped, the account's keys untouched.
+    second = ("--store", str(tmp_path / "second"))
+    status, out, err = await _gapline(*base, *login, *second)
+    assert (status, out) == (1, "")
+    assert "--reset-cross-signing" in err and "does not hold" in err
+    assert await _master_key(synapse_kit, user) == master
+
+    status, out, err = await _gapline(*base, *login, *second, "--reset-cross-signing")
+    assert status == 0, err
+    assert out.strip().startswith("Es")
+    assert await _master_key(synapse_kit, user) != master
+
+
+async def _master_key(synapse_kit: SynapseKit, user: Session) -> dict:
+    async with httpx.AsyncClient(base_url=synapse_kit.base_url) as http:
+        answer = await http.post(
+            "/_matrix/client/v3/keys/query",
+            json={"device_keys": {user.user_id: []}},
+            headers={"Authorization": f"Bearer {user.access_token}"},
+        )
+    answer.raise_for_status()
+    return answer.json()["master_keys"][user.user_id]

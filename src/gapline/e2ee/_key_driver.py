@@ -8,6 +8,7 @@ commits the machine's changes through the driver (one write per step).
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from gapline.matrix import (
@@ -38,6 +39,8 @@ __all__ = [
     "upload_backup",
     "verify_user",
 ]
+
+log = logging.getLogger("gapline.e2ee.backup")
 
 
 async def _json_or_none(driver: CryptoDriver, request: Request) -> dict[str, Any] | None:
@@ -90,11 +93,15 @@ async def _current_version(driver: CryptoDriver) -> BackupVersionResponse | None
         return None
 
 
-async def enable_backup(driver: CryptoDriver, *, create: bool = True) -> BackupTrust | None:
+async def enable_backup(
+    driver: CryptoDriver, *, create: bool = True, replace_untrusted: bool = False
+) -> BackupTrust | None:
     """Use the server's current backup version if it is trusted, or create one.
 
     A created version's key is committed (in the vault) before the version is
     created, so a crash in between leaves a version whose key this device holds.
+    ``replace_untrusted``: a current version this device cannot trust is replaced by a
+    new one (after a reset of the cross-signing keys that signed it).
     ``None``: there is no version and ``create`` is false."""
     machine = driver.machine
     current = await _current_version(driver)
@@ -103,15 +110,25 @@ async def enable_backup(driver: CryptoDriver, *, create: bool = True) -> BackupT
             machine.backup.no_version()
             await driver.commit()
             return None
-        request = machine.backup.create_version(machine.cross_signing.sign_with_master)
-        await driver.commit()
-        created = await driver.client.request(request, crypto_api.BackupVersionCreated)
-        driver.machine.backup.version_created(created.version)
-        await driver.commit()
-        return BackupTrust(created.version, True, "created by this device")
+        return await _create_version(driver)
     trust = machine.backup.use_version(current)
     await driver.commit()
+    if not trust.trusted and replace_untrusted:
+        log.warning(
+            "backup version %s is not trusted (%s): replacing it", trust.version, trust.reason
+        )
+        return await _create_version(driver)
     return trust
+
+
+async def _create_version(driver: CryptoDriver) -> BackupTrust:
+    machine = driver.machine
+    request = machine.backup.create_version(machine.cross_signing.sign_with_master)
+    await driver.commit()
+    created = await driver.client.request(request, crypto_api.BackupVersionCreated)
+    machine.backup.version_created(created.version)
+    await driver.commit()
+    return BackupTrust(created.version, True, "created by this device")
 
 
 async def upload_backup(driver: CryptoDriver, *, batch: int = 200) -> int:

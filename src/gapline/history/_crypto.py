@@ -89,7 +89,10 @@ class EngineCrypto:
         """Joined and invited members of encrypted rooms seen in this process."""
 
     async def ensure(self) -> CryptoDriver | None:
-        """The driver, opened on first use once the client is logged in (``None`` before)."""
+        """The driver, opened on first use once the client is logged in (``None`` before).
+
+        Never call it while holding :attr:`lock`: the first open sends the device's keys
+        under that lock, and an asyncio lock is not re-entrant."""
         if self.driver is not None:
             return self.driver
         client = self._client

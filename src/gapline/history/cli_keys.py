@@ -117,9 +117,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
             "Log in as the store's device, make what is missing (cross-signing keys, a key\n"
             "backup version, secret storage with the backup key and the cross-signing seeds),\n"
             "upload every held message key to the backup, and print the new recovery key on\n"
-            "stdout, once: it is stored nowhere. Running it again makes a new recovery key."
+            "stdout, once: it is stored nowhere. Running it again makes a new recovery key.\n"
+            "When the account has cross-signing keys this device does not hold, it stops:\n"
+            "recover first (`gapline bridge ... --recovery-key-file FILE`), or replace them\n"
+            "with --reset-cross-signing."
         ),
         examples=SETUP_EXAMPLES,
+    )
+    setup.add_argument(
+        "--reset-cross-signing",
+        action="store_true",
+        help=(
+            "replace the account's cross-signing keys when this device does not hold them "
+            "(every device and user verified with the old keys loses that trust)"
+        ),
     )
     add_login_flags(setup)
     add_store_flags(setup)
@@ -226,15 +237,18 @@ async def _setup(args: argparse.Namespace, store: Path, password: str, passphras
             await asyncio.to_thread(remember_device, store, args.user, session)
             assert engine.crypto is not None
             try:
-                key = await _set_up(engine, password)
+                key = await _set_up(engine, password, reset=args.reset_cross_signing)
             except (E2eeError, MatrixError) as exc:
                 raise CommandError(f"setting up recovery failed: {exc}") from None
     print(key, flush=True)
     return Exit.OK
 
 
-async def _set_up(engine: Engine, password: str) -> str:
-    """Cross-signing, backup and secret storage, each made if missing; the recovery key."""
+async def _set_up(engine: Engine, password: str, *, reset: bool = False) -> str:
+    """Cross-signing, backup and secret storage, each made if missing; the recovery key.
+
+    The account's existing cross-signing keys are replaced only when ``reset`` says so:
+    replacing them silently would undo every verification made with them."""
     assert engine.crypto is not None
     driver = await engine.crypto.ensure()
     assert driver is not None
@@ -246,11 +260,16 @@ async def _set_up(engine: Engine, password: str) -> str:
         await driver.send_outgoing()
         if machine.cross_signing.trusted_master_key() is None:
             if machine.devices.cross_signing_keys(me).get("master") is not None:
-                log.warning(
-                    "this device does not hold the account's cross-signing keys: replacing them"
-                )
+                if not reset:
+                    raise CommandError(
+                        "the account has cross-signing keys this device does not hold: "
+                        "recover them first (gapline bridge ... --recovery-key-file FILE), "
+                        "or pass --reset-cross-signing to replace them (every device and "
+                        "user verified with the old keys loses that trust)"
+                    )
+                log.warning("replacing the account's cross-signing keys (--reset-cross-signing)")
             await bootstrap_cross_signing(driver, password=password)
-        trust = await enable_backup(driver)
+        trust = await enable_backup(driver, replace_untrusted=reset)
         if trust is None or not trust.trusted:
             reason = "none" if trust is None else trust.reason
             raise CommandError(
