@@ -14,7 +14,7 @@ is kept by replacing a relay's old Peer ID (``remove`` it first).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from gapline.meshline import keyspace_position, xor_distance
@@ -45,7 +45,9 @@ class RoutingTable:
     def bucket_of(self, peer_id: bytes) -> int:
         """The number of leading bits ``peer_id``'s position shares with this node's."""
         position = keyspace_position(peer_id)
-        distance = int.from_bytes(bytes(a ^ b for a, b in zip(self.own_position, position)))
+        distance = int.from_bytes(
+            bytes(a ^ b for a, b in zip(self.own_position, position, strict=True))
+        )
         if distance == 0:
             raise ValueError("a node is not in its own routing table")
         return 256 - distance.bit_length()
@@ -99,11 +101,11 @@ class RoutingTable:
     def retain(self, peer_ids: Iterable[bytes]) -> list[bytes]:
         """Remove every peer not in ``peer_ids`` (no longer eligible); those removed."""
         keep = set(peer_ids)
+        for waiting in self._replacements:  # first, so none of them moves in below
+            waiting[:] = [p for p in waiting if p in keep]
         gone = [p for p in self if p not in keep]
         for peer_id in gone:
             self.remove(peer_id)
-        for waiting in self._replacements:
-            waiting[:] = [p for p in waiting if p in keep]
         return gone
 
     def __contains__(self, peer_id: object) -> bool:
@@ -111,7 +113,7 @@ class RoutingTable:
             return False
         return peer_id in self._buckets[self.bucket_of(peer_id)]
 
-    def __iter__(self):  # noqa: ANN204 - an iterator of Peer IDs
+    def __iter__(self) -> Iterator[bytes]:
         for bucket in self._buckets:
             yield from bucket
 
