@@ -342,6 +342,17 @@ async def run_authorization_scenario(
     }
 
 
+async def _feed_up(http: aiohttp.ClientSession, proc: RelayProcess) -> bool | None:
+    """Whether the process's ``meshline_relay_route_feed_up`` gauge is 1."""
+    scheme, _, host = proc.url.split("/", 3)[:3]
+    async with http.get(f"{scheme}//{host}/metrics") as resp:
+        text = await resp.text()
+    for line in text.splitlines():
+        if line.startswith("meshline_relay_route_feed_up "):
+            return float(line.split()[-1]) == 1
+    return None
+
+
 async def run_lookup_scenario(
     procs: list[RelayProcess], *, clients: int, seconds: float, slices: int = 6
 ) -> dict[str, Any]:
@@ -382,11 +393,15 @@ async def run_lookup_scenario(
                 slices=slices,
                 sends=False,
             )
+        # On PostgreSQL (several processes): whether each one's route feed was up, so that
+        # it kept route answers (SQLite's single process always does).
+        feed_up = [await _feed_up(http, p) for p in procs] if len(procs) > 1 else None
     info_rate = figures["relay.info"]["per_second"]
     resolve_rate = figures["account.route.resolve"]["per_second"]
     return {
         "clients": clients,
         "processes": len(procs),
+        "route_feed_up": feed_up,
         **figures,
         "resolve_over_info": round(resolve_rate / info_rate, 3) if info_rate else None,
     }
@@ -444,6 +459,9 @@ async def main() -> None:
     parser.add_argument("--no-abuse", action="store_true", help="skip the abuse figures")
     parser.add_argument("--abuse-seconds", type=float, default=5.0)
     parser.add_argument("--slow-clients", type=int, default=500)
+    parser.add_argument(
+        "--lookups-only", action="store_true", help="only the route lookup figures (no sends)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.clients = 1.0, 4
@@ -481,8 +499,8 @@ async def main() -> None:
     }
 
     async def both(procs: list[RelayProcess], name: str) -> None:
-        figures = {}
-        for transport in ("http", "ws"):
+        figures: dict[str, Any] = {"http": {}, "ws": {}}
+        for transport in () if args.lookups_only else ("http", "ws"):
             log(f"{name}: {len(procs)} relay process(es), sends over {transport}")
             figures[transport] = await run_relay_scenario(
                 procs,
@@ -494,11 +512,12 @@ async def main() -> None:
             log(f"  {figures[transport]}")
         # The scenario's headline figures are the HTTP ones; WebSocket sends are nested.
         result[name] = {**figures["http"], "websocket": figures["ws"]}
-        log(f"{name}: message.send with a ContactGrant against without, alternating")
-        result[name]["authorization"] = await run_authorization_scenario(
-            procs, clients=args.clients, seconds=args.seconds
-        )
-        log(f"  {result[name]['authorization']}")
+        if not args.lookups_only:
+            log(f"{name}: message.send with a ContactGrant against without, alternating")
+            result[name]["authorization"] = await run_authorization_scenario(
+                procs, clients=args.clients, seconds=args.seconds
+            )
+            log(f"  {result[name]['authorization']}")
         log(f"{name}: account.route.resolve against relay.info, alternating")
         result[name]["route_lookup"] = await run_lookup_scenario(
             procs, clients=args.clients, seconds=args.seconds

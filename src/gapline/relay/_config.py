@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gapline.meshline import LOCAL_DEVELOPMENT_CONTEXT, NetworkContext
+from gapline.meshline import LOCAL_DEVELOPMENT_CONTEXT, MeshlineError, NetworkContext
+from gapline.relay._p2p._multiaddr import TcpAddr
 
 __all__ = ["DEFAULT_NETWORK_CONTEXT", "RelayConfig", "system_clock"]
 
@@ -79,6 +81,9 @@ class RelayConfig:
     # Federation: the libp2p TCP listener (host, port), peers to dial at start, and the
     # file of signed registry records that says which relays are active.
     p2p_listen: tuple[str, int] | None = None
+    # The libp2p addresses the descriptor advertises instead of the bound one (behind NAT,
+    # a load balancer, or a listener on 0.0.0.0 / ::, which is no address to dial).
+    p2p_announce: tuple[str, ...] = ()
     bootstrap: tuple[str, ...] = ()
     registry_file: Path | None = None
     # PUT_VALUE acknowledgements a route publication waits for (fewer when fewer peers).
@@ -87,7 +92,26 @@ class RelayConfig:
     peer_refresh_interval: float = 30.0
     clock: Callable[[], int] = system_clock
 
+    def _check_p2p(self) -> None:
+        if self.p2p_announce and self.p2p_listen is None:
+            raise ValueError("--p2p-announce needs --p2p-listen")
+        for text in self.p2p_announce:
+            try:
+                addr = TcpAddr.parse(text)
+            except MeshlineError as exc:
+                raise ValueError(f"--p2p-announce {text}: {exc.message}") from None
+            if addr.host_kind in ("ip4", "ip6") and ipaddress.ip_address(addr.host).is_unspecified:
+                raise ValueError(f"--p2p-announce {text}: an unspecified address is not dialable")
+        if self.p2p_listen is not None and not self.p2p_announce:
+            host = self.p2p_listen[0].strip("[]")
+            if not host or _unspecified(host):
+                raise ValueError(
+                    f"--p2p-listen {host or '*'}: listening on every interface needs"
+                    " --p2p-announce MULTIADDR (the address other relays dial)"
+                )
+
     def __post_init__(self) -> None:
+        self._check_p2p()
         if self.retention <= 0:
             raise ValueError("retention must be a positive number of seconds")
         if not self.base_path.startswith("/") or self.base_path.endswith("/"):
@@ -129,3 +153,10 @@ class RelayConfig:
     def ws_url(self) -> str:
         url = self.url
         return ("wss" + url[5:]) if url.startswith("https") else ("ws" + url[4:])
+
+
+def _unspecified(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False  # a name: dialable as it is

@@ -81,12 +81,17 @@ class DeliveryService:
         self._remembered: set[str] = set()  # remote signer certificates already stored
         self._accounts_by_key: dict[bytes, str] = {}
         relay.routes.on_changed.append(self._route_changed)
+        relay.routes.on_suspended.append(self._forget_routes)
 
     # -- routes -----------------------------------------------------------------------
     def _route_changed(self, key: bytes) -> None:
         account = self._accounts_by_key.pop(key, None)
         if account is not None:
             self._routes.pop(account, None)
+
+    def _forget_routes(self) -> None:
+        self._routes.clear()
+        self._accounts_by_key.clear()
 
     async def route_of(self, account: str, *, refresh: bool = False) -> AccountRoute | None:
         """The account's current route after a DHT lookup, remembered until it expires or a
@@ -95,10 +100,13 @@ class DeliveryService:
         known = self._routes.get(account)
         if known is not None and not refresh and now < known[1]:
             return known[0]
-        route = await self.relay.routes.current_route(account, remote=True)
+        routes = self.relay.routes
+        generation = routes.generation
+        route = await routes.current_route(account, remote=True)
+        if not routes.cache_trusted or routes.generation != generation:
+            return route  # changed meanwhile, or a change may go unheard (route feed down)
         if len(self._routes) > 100_000:
-            self._routes.clear()
-            self._accounts_by_key.clear()
+            self._forget_routes()
         self._accounts_by_key[route_dht_key(account, self.relay.context)] = account
         until = now + NO_ROUTE_TTL if route is None else route.expires_at
         self._routes[account] = (route, until)

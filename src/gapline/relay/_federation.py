@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 from collections.abc import AsyncGenerator
@@ -181,19 +182,37 @@ class Federation:
             self.delivery.running(),
             asyncio.TaskGroup() as tg,
         ):
-            self.relay.set_p2p_endpoints(tuple(str(a) for a in self.host.listen_addrs))
+            self.relay.set_p2p_endpoints(tuple(str(a) for a in self.advertised()))
             dialers = [
                 tg.create_task(self._keep_dialling(TcpAddr.parse(a))) for a in self.config.bootstrap
             ]
             dialers.append(tg.create_task(self._republishing()))
             dialers.append(tg.create_task(self._sending_hints()))
             dialers.append(tg.create_task(self._registry_peers()))
+            dialers.append(tg.create_task(self.dht.maintain()))
             try:
                 yield self
             finally:
                 for task in dialers:
                     task.cancel()
                 self.relay.set_p2p_endpoints(())
+
+    def advertised(self) -> list[TcpAddr]:
+        """The libp2p addresses the descriptor lists: ``--p2p-announce`` (each naming this
+        relay's Peer ID), else the bound ones, never an unspecified host."""
+        own = self.identity.peer_id
+        if self.config.p2p_announce:
+            out = []
+            for text in self.config.p2p_announce:
+                addr = TcpAddr.parse(text)
+                if addr.peer_id not in (None, own):
+                    raise ValueError(f"--p2p-announce {text}: names another Peer ID")
+                out.append(addr.with_peer(own))
+            return out
+        bound = [a for a in self.host.listen_addrs if not _unspecified(a)]
+        if not bound:
+            raise ValueError("the libp2p listener has no dialable address: use --p2p-announce")
+        return bound
 
     async def device_status_changed(self, peer: VerifiedPeer, params: dict[str, Any]) -> None:
         """A home relay's hint that a device's status may have changed.
@@ -244,6 +263,11 @@ class Federation:
     async def _registry_peers(self) -> None:
         """Dial the Registry's other active relays whose descriptors can be fetched."""
         while True:
+            active = {e.relay_id for e in self.registry.entries() if e.status == "active"}
+            self.dht.retain(active)  # the routing table holds only eligible relays
+            for peer in self.host.peers:
+                if peer.relay_id in active and peer.peer_id not in self.dht.table:
+                    self.dht.observe(peer)  # evicted earlier, still connected and verified
             for entry in self.registry.entries():
                 if entry.relay_id == self.relay.relay_id or entry.status != "active":
                     continue
@@ -270,3 +294,7 @@ class Federation:
                 log.warning("bootstrap peer %s unreachable: %s", addr, exc)
                 await asyncio.sleep(_BACKOFF[min(attempt, len(_BACKOFF) - 1)])
                 attempt += 1
+
+
+def _unspecified(addr: TcpAddr) -> bool:
+    return addr.host_kind in ("ip4", "ip6") and ipaddress.ip_address(addr.host).is_unspecified

@@ -63,6 +63,17 @@ class RelayMetrics:
             ["operation", "outcome"],
             registry=self.registry,
         )
+        self.route_feed_up = Gauge(
+            "meshline_relay_route_feed_up",
+            "1 while this process hears every route commit (PostgreSQL) and keeps route answers.",
+            registry=self.registry,
+        )
+        self.route_feed = Counter(
+            "meshline_relay_route_feed_events",
+            "Route feed events: connected (LISTEN acknowledged), lost, heard (a commit's key).",
+            ["event"],
+            registry=self.registry,
+        )
         self.deliveries = Counter(
             "meshline_relay_deliveries",
             "Cross-relay deliveries ended or retried, by outcome.",

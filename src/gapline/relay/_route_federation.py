@@ -29,16 +29,23 @@ from gapline.relay._methods._route_dht import LocalRouteDht
 from gapline.relay._metrics import RelayMetrics
 from gapline.relay._p2p._channel import Buffered
 from gapline.relay._p2p._frames import FramingError, encode_frame, read_frame
-from gapline.relay._p2p._host import DIAL_FAILURES, Connection, P2pHost, VerifiedPeer
+from gapline.relay._p2p._host import (
+    DIAL_FAILURES,
+    Connection,
+    P2pHost,
+    PeerRejected,
+    VerifiedPeer,
+)
 from gapline.relay._p2p._kad import FIND_NODE, GET_VALUE, PUT_VALUE, KadMessage, KadPeer
 from gapline.relay._p2p._multiaddr import TcpAddr
 from gapline.relay._p2p._protobuf import ProtoError
+from gapline.relay._p2p._routing import BUCKET_SIZE, RoutingTable
 from gapline.relay._p2p._yamux import StreamReset, YamuxStream
 
 __all__ = ["KAD_PROTOCOL", "FederatedRouteDht"]
 
 KAD_PROTOCOL = "/meshline/kad/1.0.0"
-K = 20
+K = BUCKET_SIZE
 # Queries in flight per lookup round (local policy): peers are few and already connected,
 # so one round usually asks every one of the k closest.
 ALPHA = 10
@@ -60,11 +67,70 @@ class FederatedRouteDht:
         self.replica, self.host, self.metrics = replica, host, metrics
         self.replicas = replicas
         self._addrs_of = addrs_of
+        # The k-buckets: only peers whose identity and descriptor verified enter them
+        # (``observe``, called for every verified connection); ``_peers`` keeps what each
+        # one proved, for its addresses and its relay ID.
+        self.table = RoutingTable(host.identity.peer_id, k=K)
+        self._peers: dict[bytes, VerifiedPeer] = {}
+        self._probes: asyncio.Queue[bytes] = asyncio.Queue()
         host.set_handler(KAD_PROTOCOL, self.handle)
+        host.on_peer.append(self.observe)
+
+    # -- the routing table ----------------------------------------------------------------
+    def observe(self, peer: VerifiedPeer) -> None:
+        """A verified peer connected: into its bucket, or a full bucket's replacements (then
+        the bucket's least recently seen peer is probed, and evicted if it fails)."""
+        for old_id, old in list(self._peers.items()):
+            # One Peer ID per relay: a relay that now proves another drops its old one.
+            if old.relay_id == peer.relay_id and old_id != peer.peer_id:
+                self.forget(old_id)
+        self._peers[peer.peer_id] = peer
+        added = self.table.add(peer.peer_id)
+        if added.probe is not None:
+            self._probes.put_nowait(added.probe)
+
+    def forget(self, peer_id: bytes) -> None:
+        """Out of the table (unresponsive, or no longer eligible); a replacement moves in."""
+        self.table.remove(peer_id)
+        self._peers.pop(peer_id, None)
+
+    def retain(self, relay_ids: set[str]) -> None:
+        """Keep only peers of these relays (the Registry's active ones)."""
+        gone = self.table.retain(p for p, v in self._peers.items() if v.relay_id in relay_ids)
+        for peer_id in gone:
+            self._peers.pop(peer_id, None)
+
+    async def maintain(self) -> None:
+        """Probe each full bucket's least recently seen peer that a newcomer met; one that
+        does not answer is evicted for the newcomer (Kademlia's replacement rule)."""
+        while True:
+            peer_id = await self._probes.get()
+            peer = self._peers.get(peer_id)
+            if peer is None or peer_id not in self.table:
+                continue
+            if await self._ping(peer):
+                self.metrics.dht_ops.labels("probe", "kept").inc()
+                self.table.seen(peer_id)
+            else:
+                self.metrics.dht_ops.labels("probe", "evicted").inc()
+                self.forget(peer_id)
+
+    async def _ping(self, peer: VerifiedPeer) -> bool:
+        """Whether the peer answers (a refusal is an answer; silence or no route is not)."""
+        try:
+            conn = await self._reach(peer)
+            await self._ask(conn, KadMessage(FIND_NODE, self.host.identity.peer_id))
+        except (*DIAL_FAILURES, FramingError) as exc:
+            log.info("probe of %s failed: %s", peer.peer_id_text, exc)
+            return (
+                not isinstance(exc, TimeoutError) and self.host.connection(peer.peer_id) is not None
+            )
+        return True
 
     # -- as the querying node -----------------------------------------------------------
-    def _closest(self, key: bytes, peers: Sequence[VerifiedPeer]) -> list[VerifiedPeer]:
-        return sorted(peers, key=lambda p: xor_distance(key, p.peer_id))[:K]
+    def _closest(self, key: bytes, exclude: bytes | None = None) -> list[VerifiedPeer]:
+        ids = [p for p in self.table.closest(key) if p != exclude][:K]
+        return [self._peers[p] for p in ids]
 
     async def _ask(self, conn: Connection, message: KadMessage) -> KadMessage:
         async with asyncio.timeout(QUERY_TIMEOUT):
@@ -75,13 +141,36 @@ class FederatedRouteDht:
             raise ProtoError("the reply is for another operation or key")
         return reply
 
-    def _connection(self, peer: VerifiedPeer) -> Connection | None:
-        return self.host.connection(peer.peer_id)
+    async def _reach(self, peer: VerifiedPeer) -> Connection:
+        """The open connection to a table peer, else a new one to its descriptor's addresses."""
+        conn = self.host.connection(peer.peer_id)
+        if conn is not None:
+            return conn
+        failure: Exception = PeerRejected("the peer's descriptor lists no libp2p address")
+        for addr in self._addrs_of(peer):
+            try:
+                return await self.host.connect(addr.with_peer(peer.peer_id))
+            except DIAL_FAILURES as exc:
+                failure = exc
+        raise failure
+
+    async def _query(self, peer: VerifiedPeer, message: KadMessage) -> KadMessage:
+        """Ask a table peer; one that cannot be reached or does not answer in time leaves the
+        table (one that refuses the operation, by resetting the stream, has answered)."""
+        try:
+            reply = await self._ask(await self._reach(peer), message)
+        except (*DIAL_FAILURES, FramingError) as exc:
+            if isinstance(exc, TimeoutError) or self.host.connection(peer.peer_id) is None:
+                self.forget(peer.peer_id)
+            raise
+        self.table.seen(peer.peer_id)
+        return reply
 
     async def put(self, key: bytes, value: bytes) -> None:
         await self.replica.put(key, value)
+        asked = len(self._closest(key))
         acks = await self.replicate(key, value)
-        needed = min(self.replicas, len(self.host.peers))
+        needed = min(self.replicas, asked)
         if acks < needed:
             raise RelayFailure(
                 "temporarily_unavailable",
@@ -93,17 +182,14 @@ class FederatedRouteDht:
         message = KadMessage(PUT_VALUE, key, (key, value))
 
         async def one(peer: VerifiedPeer) -> bool:
-            conn = self._connection(peer)
-            if conn is None:
-                return False
             try:
-                reply = await self._ask(conn, message)
+                reply = await self._query(peer, message)
             except (*DIAL_FAILURES, FramingError) as exc:
                 log.info("PUT_VALUE to %s failed: %s", peer.peer_id_text, exc)
                 return False
             return reply.record == (key, value)
 
-        results = await asyncio.gather(*(one(p) for p in self._closest(key, self.host.peers)))
+        results = await asyncio.gather(*(one(p) for p in self._closest(key)))
         acks = sum(results)
         self.metrics.dht_ops.labels("put", "ack").inc(acks)
         self.metrics.dht_ops.labels("put", "miss").inc(len(results) - acks)
@@ -122,7 +208,7 @@ class FederatedRouteDht:
 
     async def lookup(self, key: bytes) -> list[bytes]:
         """Iterative GET_VALUE: the records the k closest reachable peers hold."""
-        known: dict[bytes, VerifiedPeer | TcpAddr] = {p.peer_id: p for p in self.host.peers}
+        known: dict[bytes, VerifiedPeer | TcpAddr] = {p.peer_id: p for p in self._closest(key)}
         asked: set[bytes] = set()
         records: list[bytes] = []
         message = KadMessage(GET_VALUE, key)
@@ -131,12 +217,10 @@ class FederatedRouteDht:
             target = known[peer_id]
             try:
                 if isinstance(target, TcpAddr):
-                    conn = await self.host.connect(target)  # verifies its identity first
+                    # Verifies its identity first; a verified peer joins the table.
+                    reply = await self._ask(await self.host.connect(target), message)
                 else:
-                    conn = self._connection(target)
-                    if conn is None:
-                        return
-                reply = await self._ask(conn, message)
+                    reply = await self._query(target, message)
             except (*DIAL_FAILURES, FramingError) as exc:
                 self.metrics.dht_ops.labels("get", "peer_failed").inc()
                 log.info("GET_VALUE to a peer failed: %s", exc)
@@ -167,13 +251,16 @@ class FederatedRouteDht:
 
     # -- as the storage node --------------------------------------------------------------
     def _closer(self, key: bytes, asker: VerifiedPeer) -> tuple[KadPeer, ...]:
-        peers = [p for p in self.host.peers if p.peer_id != asker.peer_id]
         return tuple(
             KadPeer(p.peer_id, tuple(a.to_bytes() for a in self._addrs_of(p)))
-            for p in self._closest(key, peers)
+            for p in self._closest(key, exclude=asker.peer_id)
         )
 
     async def handle(self, stream: YamuxStream, incoming: Buffered, peer: VerifiedPeer) -> None:
+        if peer.peer_id in self.table:
+            self.table.seen(peer.peer_id)
+        else:
+            self.observe(peer)  # verified at its handshake, and evidently answering
         try:
             message = KadMessage.decode(await read_frame(incoming, utf8=False))
             reply = await self._reply(message, peer)

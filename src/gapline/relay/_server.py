@@ -46,7 +46,7 @@ from gapline.relay._store import (
     TimelineStore,
 )
 from gapline.relay._ws import WsConnection, ws_handler
-from gapline.storage import Backend, BackendClosed, StorageError, open_backend
+from gapline.storage import Backend, BackendClosed, Dialect, StorageError, open_backend
 
 __all__ = ["RelayServer", "load_relay_key"]
 
@@ -93,6 +93,7 @@ class RelayServer:
         self._runner: web.AppRunner | None = None
         self._stopping = False
         self.federation: Any = None  # the Federation, when a libp2p listener is configured
+        self.route_feed: Any = None  # the RouteFeed, on PostgreSQL
 
     # -- sessions ----------------------------------------------------------------------
 
@@ -342,6 +343,14 @@ class RelayServer:
             ),
             asyncio.create_task(self._cleanup_loop(), name="relay-cleanup"),
         ]
+        if self.backend.dialect is Dialect.POSTGRES:
+            from gapline.relay._route_feed import RouteFeed
+
+            # Other processes may commit routes: answers are kept only while this feed hears
+            # every commit (until it first connects, none are).
+            dsn = getattr(self.backend, "dsn", config.dsn)
+            self.route_feed = RouteFeed(dsn, self.relay.routes, self.metrics)
+            tasks.append(asyncio.create_task(self.route_feed.run(), name="relay-route-feed"))
         peers = contextlib.AsyncExitStack()
         try:
             if site.port:

@@ -270,6 +270,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--registry-file; the descriptor lists it only while it is bound",
     )
     serve.add_argument(
+        "--p2p-announce",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
+        help="the libp2p address the descriptor advertises instead of the bound one, "
+        "/ip4|ip6|dns/HOST/tcp/PORT[/p2p/PEER_ID] (repeatable); needed when --p2p-listen "
+        "binds 0.0.0.0 or ::",
+    )
+    serve.add_argument(
         "--bootstrap",
         action="append",
         default=[],
@@ -411,6 +420,7 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int] | int:
             page_limit=args.page_limit,
             shutdown_timeout=args.shutdown_timeout,
             p2p_listen=args.p2p_listen,
+            p2p_announce=tuple(args.p2p_announce),
             bootstrap=tuple(args.bootstrap),
             registry_file=args.registry_file,
             **{field: getattr(args, _field_of(flag)) for flag, field, *_ in _LIMITS},

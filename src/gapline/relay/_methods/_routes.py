@@ -80,20 +80,23 @@ class RouteMethods:
         self.dht: RouteDht = self.replica
         # Parsed replica values (parsing is pure; the value text decides the route).
         self._parsed: dict[tuple[bytes, bytes], AccountRoute] = {}
-        # Resolution answers, kept only where this process is the database's only writer:
-        # then every change to a key passes through ``_changed`` (LocalRouteDht.on_commit),
-        # and an answer holds until then or until its route expires. ``_changes`` counts
-        # the commits, so a lookup that raced one is not kept.
+        # Resolution answers, kept while every change to a key reaches ``invalidate``: this
+        # process's own commits through LocalRouteDht.on_commit, and where other processes
+        # share the database (PostgreSQL) theirs through the route feed, which keeps the
+        # cache suspended whenever it may have missed one (``_route_feed``). An answer holds
+        # until then or until its route expires. ``_changes`` counts the invalidations, so
+        # a lookup that raced one (or a suspension) is not kept.
         self._cache = core.store.single_writer
         self._answers: dict[bytes, _Answer] = {}
         self._local: dict[bytes, tuple[AccountRoute | None, int]] = {}
         self._changes = 0
         self._keys: dict[str, bytes] = {}  # DHT key by (valid) account ID
-        self.replica.on_commit = self._changed
+        self.replica.on_commit = self.invalidate
         # Federation: the key of another active relay (from the Registry), and callbacks
         # told of every key whose stored values changed.
         self.peer_key: Callable[[str], bytes | None] | None = None
         self.on_changed: list[Callable[[bytes], None]] = []
+        self.on_suspended: list[Callable[[], None]] = []
         # With federation, "no route here" may be found on other nodes: not cached.
         self.cache_missing = True
 
@@ -145,8 +148,8 @@ class RouteMethods:
                         raise RelayFailure(exc.code, exc.message) from None
                     route = None
                 if self._cache and self._changes == changes:
-                    # Only this process writes the replica: the answer holds until a commit
-                    # changes the key (``_changed``) or the route expires.
+                    # Every change to the replica reaches ``invalidate`` while the cache is
+                    # trusted: the answer holds until one changes the key or it expires.
                     if len(self._local) > _CACHE_LIMIT:
                         self._local.clear()
                     until = MAX_SAFE_INTEGER if route is None else route.expires_at
@@ -219,13 +222,40 @@ class RouteMethods:
             self._answers.clear()
         self._answers[key] = answer
 
-    def _changed(self, key: bytes) -> None:
+    @property
+    def cache_trusted(self) -> bool:
+        """Whether answers derived from the replica may be kept in memory now."""
+        return self._cache
+
+    @property
+    def generation(self) -> int:
+        """Bumped by every invalidation: a lookup begun before a change is not kept."""
+        return self._changes
+
+    def invalidate(self, key: bytes) -> None:
         """A commit changed what is stored under ``key``: its answer is decided again."""
         self._answers.pop(key, None)
         self._local.pop(key, None)
         self._changes += 1
         for callback in self.on_changed:
             callback(key)
+
+    def suspend_cache(self) -> None:
+        """Changes may go unheard from now on: drop every answer and keep none."""
+        self._cache = False
+        self._drop_all()
+
+    def resume_cache(self) -> None:
+        """Every change is heard again from now on (the feed's LISTEN was acknowledged)."""
+        self._drop_all()  # also stops lookups begun before this point from being kept
+        self._cache = True
+
+    def _drop_all(self) -> None:
+        self._answers.clear()
+        self._local.clear()
+        self._changes += 1
+        for callback in self.on_suspended:
+            callback()
 
     def _parse(self, key: bytes, value: bytes) -> AccountRoute:
         route = self._parsed.get((key, value))

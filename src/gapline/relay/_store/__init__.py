@@ -23,7 +23,7 @@ from gapline.relay._store._accounts import (
 )
 from gapline.relay._store._facade import CleanupReport, TimelineStore
 from gapline.relay._store._profiles import AccessRow, Profiles, StoredProfile
-from gapline.relay._store._routes import HistoryRow, RecordRow, Routes
+from gapline.relay._store._routes import ROUTE_CHANNEL, HistoryRow, RecordRow, Routes
 from gapline.relay._store._sends import AcceptedSend, DeliveryResult, NewSend, Sends
 from gapline.relay._store._timeline import (
     TIMELINE_CHANNEL,
@@ -35,6 +35,7 @@ from gapline.relay._store._timeline import (
 
 __all__ = [
     "DEVICE_STATE_CHANNEL",
+    "ROUTE_CHANNEL",
     "TIMELINE_CHANNEL",
     "AcceptedSend",
     "AccessRow",

@@ -8,6 +8,10 @@ and in the same transaction stores a value and drops the key's values below the 
 highest revision (they can never be current again). What is checked, and how versions
 advance, is the protocol library's (``RouteHistory``, ``select_route``); this module only
 keeps the result, atomically, for every relay process on the database.
+
+Every commit that changes a key also sends the key (hex) on ``ROUTE_CHANNEL`` in its own
+transaction: delivered at COMMIT, dropped with a rollback, so a process that keeps route
+answers in memory hears of every change another process made (``_route_feed``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from dataclasses import dataclass
 
 from gapline.storage import Backend, Tx
 
-__all__ = ["HistoryRow", "RecordRow", "Routes", "expire"]
+__all__ = ["ROUTE_CHANNEL", "HistoryRow", "RecordRow", "Routes", "expire"]
+
+ROUTE_CHANNEL = "meshline_routes"
 
 # At most this many values are read per key: values below the highest revision are dropped
 # on every commit, so a key holds only copies at one revision (two once contents conflict).
@@ -135,6 +141,7 @@ class Routes:
             tx.execute(
                 "DELETE FROM route_records WHERE dht_key = ? AND revision < ?", (key, new.revision)
             )
+            tx.notify(ROUTE_CHANNEL, key)
             return True
 
         return await self.backend.write(op)
