@@ -3,6 +3,7 @@ and the app applying its keys (rebinding) and colours."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from gapline.clikit import Exit
 from gapline.tui._config import ConfigError, TuiConfig, config_path, load_config, parse_config
 from gapline.tui._help import HelpScreen
+from gapline.tui._keys import KEY_IDS
 from tests.test_cli_errors import UNREACHABLE, USER, gapline, only_line
 from tests.tui.support import make_app, until
 
@@ -131,3 +133,17 @@ def test_the_cli_takes_the_homeserver_from_the_config(tmp_path: Path) -> None:
     code, _, err = gapline("tui", "--config", str(tmp_path / "none.toml"), "--user", USER)
     assert code == Exit.USAGE
     assert "--homeserver is needed" in only_line(err, "gapline tui")
+
+
+def test_the_documented_example_parses() -> None:
+    doc = Path(__file__).resolve().parents[2] / "docs" / "tui.md"
+    section = doc.read_text(encoding="utf-8").split("### Configuration file", 1)[1]
+    block = re.search(r"```toml\n(.*?)```", section, re.S)
+    assert block is not None
+    config = parse_config(block.group(1), doc)
+    assert config.homeserver == "https://matrix.example.org"
+    assert config.keys["fill"] == "g" and config.theme == "textual-light"
+    # Every id the docs list is a binding, and every binding is listed.
+    listed = re.search(r"The ids: (.*?)\. The", section, re.S)
+    assert listed is not None
+    assert set(re.findall(r"`(\w+)`", listed.group(1))) == KEY_IDS
