@@ -9,9 +9,14 @@ from pathlib import Path
 import pytest
 
 from gapline.clikit import Exit
+from gapline.history.rooms import RoomDirectory
+from gapline.matrix import MatrixUnavailable, RetryPolicy, Session
+from gapline.matrix.testing import FakeHomeserver
 from gapline.tui._config import ConfigError, TuiConfig, config_path, load_config, parse_config
+from gapline.tui._connection import Reachability
 from gapline.tui._help import HelpScreen
 from gapline.tui._keys import KEY_IDS
+from gapline.tui.cli import _ObservedClient
 from tests.test_cli_errors import UNREACHABLE, USER, gapline, only_line
 from tests.tui.support import make_app, until
 
@@ -147,3 +152,35 @@ def test_the_documented_example_parses() -> None:
     listed = re.search(r"The ids: (.*?)\. The", section, re.S)
     assert listed is not None
     assert set(re.findall(r"`(\w+)`", listed.group(1))) == KEY_IDS
+
+
+async def test_the_client_the_engine_syncs_with_reports_reachability() -> None:
+    """The status line's source: a refused connection marks the homeserver unreachable
+    (the error still reaches the engine, which retries), an answer marks it reachable."""
+    reachability = Reachability()
+    directory = RoomDirectory()
+    session = Session(UNREACHABLE, USER, "DEVICE1", "token")
+    async with _ObservedClient(
+        UNREACHABLE,
+        session=session,
+        directory=directory,
+        reachability=reachability,
+        retry=RetryPolicy(attempts=1),
+        trust_env=False,
+    ) as client:
+        with pytest.raises(MatrixUnavailable):
+            await client.sync(timeout_ms=0)
+    assert reachability.problem is not None and "connection failed" in reachability.problem
+    fake = FakeHomeserver()
+    alice = fake.register("alice")
+    fake.create_room(alice.user_id, name="zulu")
+    async with _ObservedClient(
+        fake.base_url,
+        session=alice,
+        directory=directory,
+        reachability=reachability,
+        transport=fake.transport,
+    ) as client:
+        await client.sync(timeout_ms=0)
+    assert reachability.reachable
+    assert [s.label for s in directory.room_list()] == ["zulu"]

@@ -60,7 +60,8 @@ Read Matrix rooms in the terminal, every gap in a room's history shown where it 
 
 Asks for the password and the store's passphrase unless a file or the environment
 gives them, logs in reusing the device the store remembers, checks the passphrase,
-then opens the screen: f fills the selected gap, q quits."""
+then opens the screen: f fills the selected gap, ? lists every key, q quits. Keys,
+colours and a default homeserver come from $XDG_CONFIG_HOME/gapline/tui.toml."""
 
 EXAMPLES = examples(
     "gapline tui --homeserver https://matrix.example.org --user @me:example.org",
