@@ -323,3 +323,19 @@ async def test_the_room_list_collapses_when_narrow_and_returns_when_wide() -> No
         await until(pilot, lambda: app.room_id == OTHER, "switched")
         await pilot.resize_terminal(100, 30)
         await until(pilot, lambda: rooms.display, "the list back")
+
+
+async def test_esc_closes_the_side_panel_before_leaving_anything_else() -> None:
+    app, _ = three_rooms()
+    async with app.run_test(size=(140, 30)) as pilot:
+        await until(pilot, lambda: bodies(app) == ["message 1", "message 2"], "the rows")
+        panel = app.query_one("#members")
+        await pilot.press("m")
+        assert panel.has_class("-shown")
+        await pilot.press("escape")
+        assert not panel.has_class("-shown")
+        await pilot.press("v")
+        assert panel.has_class("-shown") and app.show_devices
+        await pilot.press("escape")
+        assert not panel.has_class("-shown") and not app.show_devices
+        assert app.is_running and app.room_id == ROOM

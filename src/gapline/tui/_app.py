@@ -412,7 +412,7 @@ class GaplineApp(
             if not self.leave_mode():
                 self.timeline.focus()
             event.stop()
-        elif self.close_search() or self.leave_thread():
+        elif self.close_search() or self.close_panel() or self.leave_thread():
             event.stop()
 
     # -- rooms ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The side panel (the room's members, or their devices) and the typing line.
 
 :class:`Panels` is mixed into the app (``self`` is the app). ``m`` and ``v``
-toggle the side panel; it takes the room list's place when both would not fit.
+toggle the side panel (Esc closes it too); it takes the room list's place when both would not fit.
 """
 
 from __future__ import annotations
@@ -39,6 +39,16 @@ class Panels:
         panel.set_class(self.show_devices, "-shown")
         self.on_resize()
         self._refresh_members()
+
+    def close_panel(self: GaplineApp) -> bool:
+        """Esc: hide the side panel; whether it was shown."""
+        panel = self.query_one("#members", Static)
+        if not panel.has_class("-shown"):
+            return False
+        panel.remove_class("-shown")
+        self.show_devices = False
+        self.on_resize()
+        return True
 
     def _names(self: GaplineApp) -> dict[str, str | None]:
         if self.room_id is None:
