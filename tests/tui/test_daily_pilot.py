@@ -242,7 +242,9 @@ async def test_slash_searches_the_loaded_timeline_and_n_steps_through_matches() 
         assert app.timeline.selected_id == "e1"
         await pilot.press("escape")
         assert not app.query_one("#search-bar").has_class("-shown")
-        await pilot.press("ctrl+f", *"nothing like it", "enter")
+        await pilot.press("ctrl+f")
+        await until(pilot, lambda: app.focused is app.query_one("#search"), "the box again")
+        await pilot.press(*"nothing like it", "enter")
         assert "no match" in str(app.query_one("#search-info").render())
         assert app.timeline.selected_id == "e1"  # the selection stays where it was
 
@@ -339,3 +341,18 @@ async def test_esc_closes_the_side_panel_before_leaving_anything_else() -> None:
         await pilot.press("escape")
         assert not panel.has_class("-shown") and not app.show_devices
         assert app.is_running and app.room_id == ROOM
+
+
+async def test_l_shows_the_rooms_left_at_the_end_and_hides_them_again() -> None:
+    app, _ = three_rooms()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: bodies(app) == ["message 1", "message 2"], "the rows")
+        body = {"next_batch": "s2", "rooms": {"leave": {THIRD: {}}}}
+        app.directory.observe(msgspec.json.decode(msgspec.json.encode(body), type=SyncResponse))
+        await until(pilot, lambda: len(listed(app)) == 2, "zulu gone from the list")
+        await pilot.press("L")
+        await until(pilot, lambda: len(listed(app)) == 3, "the room left, listed")
+        assert listed(app)[-1] == "Z  zulu\n   left · L hides"
+        assert THIRD not in app._joined_ids()  # ctrl+n does not go there
+        await pilot.press("L")
+        await until(pilot, lambda: len(listed(app)) == 2, "hidden again")

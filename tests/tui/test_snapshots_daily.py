@@ -43,7 +43,9 @@ def test_search_bar(snap_compare) -> None:
 
     async def run_before(pilot: Pilot) -> None:
         await until(pilot, lambda: bodies(app) == ["message 1", "message 2"], "the rows")
-        await pilot.press("slash", *"message", "enter")
+        await pilot.press("slash")
+        await until(pilot, lambda: app.focused is app.query_one("#search"), "the search box")
+        await pilot.press(*"message", "enter")
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)

@@ -133,9 +133,9 @@ class GaplineApp(
     #status.-offline { color: $text-warning; text-style: bold; }
     #search-bar { height: 1; display: none; background: $surface; }
     #search-bar.-shown { display: block; }
-    #search { width: 1fr; height: 1; border: none; padding: 0 1; background: $surface; }
+    #search { width: 24; height: 1; border: none; padding: 0 1; background: $surface; }
     #search:focus { border: none; background: $boost; }
-    #search-info { width: auto; padding: 0 1; color: $text-muted; }
+    #search-info { width: 1fr; padding: 0 1; color: $text-muted; }
     #compose { height: 1; border: none; padding: 0 1; background: $surface; }
     #compose:focus { border: none; background: $boost; }
     #typing { height: 1; padding: 0 1; color: $text-muted; text-style: italic; display: none; }
@@ -201,7 +201,7 @@ class GaplineApp(
                 yield Static("", id="typing")
                 with Horizontal(id="search-bar"):
                     yield Input(
-                        placeholder="search the loaded history · enter finds · esc closes",
+                        placeholder="search · esc closes",
                         id="search",
                     )
                     yield Label("", id="search-info")

@@ -43,6 +43,7 @@ KEY_TABLE: tuple[Binding, ...] = (
     _key("b,pageup", "scroll_back", "Back"),
     _key("l", "live", "Live end"),
     _key("x", "mark_read", "Mark read"),
+    _key("L", "left_rooms", "Left rooms"),
     _key("m", "members", "Members"),
     _key("v", "devices", "Devices"),
     _key("tab", "focus_next", "Switch pane"),

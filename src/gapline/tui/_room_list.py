@@ -6,7 +6,8 @@ and under it the newest message (or who invited this account). :class:`RoomList`
 is mixed into the app (``self`` is the app); the pane is an ``OptionList``
 whose option ids are room ids, repainted in place when the rooms are the same
 and rebuilt when they are not (a room joined, left, or moved up by activity).
-Enter opens the highlighted room; on an invite it accepts it first.
+Enter opens the highlighted room; on an invite it accepts it first. ``L`` adds
+the rooms this account left at the end (their history stays readable).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def room_prompt(
     if summary.membership == "invite":
         who = sender_label(summary.inviter) if summary.inviter else "someone"
         prompt.append(f"\n   invite from {who} · enter joins", style="italic")
+    elif summary.membership == "leave":
+        prompt.append("\n   left · L hides", style="dim italic")
     elif summary.last_message:
         who = f"{sender_label(summary.last_sender)}: " if summary.last_sender else ""
         first = summary.last_message.splitlines()[0] if summary.last_message.strip() else ""
@@ -75,6 +78,14 @@ def room_prompt(
 class RoomList:
     """The room list of :class:`~gapline.tui._app.GaplineApp` (a mixin)."""
 
+    show_left: bool = False  # the list also holds the rooms this account left (L)
+
+    def action_left_rooms(self: GaplineApp) -> None:
+        """Show or hide the rooms this account left, at the end of the list."""
+        self.show_left = not self.show_left
+        self._refresh_rooms()
+        self.notice("showing the rooms you left" if self.show_left else "hiding the rooms you left")
+
     def on_rooms_changed(self: GaplineApp, _message: RoomsChanged) -> None:
         if self.room_id is None and (rooms := self._joined_ids()):
             self.show_room(rooms[0])
@@ -83,7 +94,7 @@ class RoomList:
         self._refresh_status()
 
     def _summaries(self: GaplineApp) -> list[RoomSummary]:
-        known = list(self.directory.room_list())
+        known = list(self.directory.room_list(include_left=self.show_left))
         ids = {s.room_id for s in known}
         extra = [self.room_id] if self.room_id is not None else []
         extra += list(self.mirror.state.timelines)
@@ -94,8 +105,8 @@ class RoomList:
         return known
 
     def _joined_ids(self: GaplineApp) -> list[str]:
-        """The rooms in list order that can be shown (not invites)."""
-        return [s.room_id for s in self._summaries() if s.membership != "invite"]
+        """The joined rooms in list order (switching skips invites and rooms left)."""
+        return [s.room_id for s in self._summaries() if s.membership == "join"]
 
     def _refresh_rooms(self: GaplineApp) -> None:
         """Repaint the room list; prompts are replaced in place when the rooms are the same."""

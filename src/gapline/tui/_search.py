@@ -68,7 +68,7 @@ class TimelineSearch:
         self._search_hits = matches(self.timeline.items, query)
         self.timeline.focus()
         if not self._search_hits:
-            self._search_info("no match in the loaded history")
+            self._search_info("no match in the loaded rows")
             return
         self._search_at = len(self._search_hits) - 1
         self._search_show()
@@ -86,7 +86,7 @@ class TimelineSearch:
         # The rows may have changed since (a fill, new messages): look again.
         self._search_hits = matches(self.timeline.items, self.search_query)
         if not self._search_hits:
-            self._search_info("no match in the loaded history")
+            self._search_info("no match in the loaded rows")
             return
         current = self.timeline.selected_id
         if current in self._search_hits:
@@ -98,9 +98,7 @@ class TimelineSearch:
 
     def _search_show(self: GaplineApp) -> None:
         self.timeline.select(self._search_hits[self._search_at], center=True)
-        self._search_info(
-            f"{self._search_at + 1} of {len(self._search_hits)} · n older · N newer · esc closes"
-        )
+        self._search_info(f"{self._search_at + 1} of {len(self._search_hits)} · n older · N newer")
 
     def _search_info(self: GaplineApp, text: str) -> None:
         self.query_one("#search-info", Label).update(text)
