@@ -165,15 +165,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_login_flags(parser)
     for action in parser._actions:  # the config file may name the homeserver instead
         if action.dest == "homeserver":
-            action.required = False
-            action.help = f"{action.help} (default: homeserver in the config file)"
+            action.required = False  # same help as every command's: --config's says it
     parser.add_argument(
         "--config",
         type=Path,
         metavar="FILE",
         help=(
-            "the TUI's config file (keys, colours, homeserver; default "
-            "$XDG_CONFIG_HOME/gapline/tui.toml, i.e. ~/.config/gapline/tui.toml)"
+            "the TUI's config file: keys, colours, and the homeserver used when "
+            "--homeserver is not given (default $XDG_CONFIG_HOME/gapline/tui.toml, "
+            "i.e. ~/.config/gapline/tui.toml)"
         ),
     )
     add_store_flags(
