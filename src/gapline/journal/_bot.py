@@ -35,6 +35,7 @@ from gapline.journal._crypto import (
     DecryptingSource,
     EncryptingTransport,
     RoomEncryption,
+    require_device_owner,
 )
 from gapline.journal._handlers import Handler
 from gapline.journal._hydration import Hydrator
@@ -106,6 +107,9 @@ class Bot:
                 await backend.close()
 
     async def _run(self, backend: Backend) -> None:
+        if self.config.passphrase is not None:
+            # Before anything is written: another principal's encrypted device is here.
+            await require_device_owner(backend, self.config.user)
         store = await JournalStore.open(backend)
         state = await RuntimeState.open(backend, self.config.user)
         device_id = await state.device_id()

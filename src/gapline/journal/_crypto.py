@@ -70,6 +70,7 @@ __all__ = [
     "BotCrypto",
     "DecryptingSource",
     "EncryptingTransport",
+    "EncryptionStoreTaken",
     "EncryptionUnavailable",
     "RoomEncryption",
     "as_client_event",
@@ -87,6 +88,29 @@ reaches, derived without touching the storage layer's key material directly."""
 
 class EncryptionUnavailable(JournalError):
     """Fail closed: the room is encrypted and this event cannot be encrypted for it now."""
+
+
+class EncryptionStoreTaken(JournalError):
+    """The database's encrypted device is another principal's: one device per database."""
+
+
+async def require_device_owner(backend: Backend, user_id: str) -> None:
+    """Raise `EncryptionStoreTaken` when the database's end-to-end encryption state
+    belongs to another user. Checked before anything is written (the device id, the
+    cipher's key): a second principal must never adopt, or overwrite, the Olm account of
+    the first, whose keys its homeserver already publishes."""
+    try:
+        row = await backend.read(
+            lambda tx: tx.one("SELECT user_id, device_id FROM e2ee_account WHERE id = 1")
+        )
+    except StorageError:
+        return  # no encryption state in this database yet
+    if row is not None and row[0] != user_id:
+        raise EncryptionStoreTaken(
+            f"this journal's end-to-end encryption device is {row[0]}'s ({row[1]}): one "
+            f"encrypted device per database, so {user_id} needs a --store of its own "
+            "(or no passphrase here)"
+        )
 
 
 def decrypted_view(event: ClientEvent, result: DecryptedEvent) -> ClientEvent:
