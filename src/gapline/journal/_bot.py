@@ -163,6 +163,7 @@ class Bot:
                 wake_delivery=worker.wake,
                 default_approvers=self.config.approvers,
                 timeout=self.config.approval_timeout,
+                id_key=None if crypto is None else crypto.sealing.id_key(),
             )
             runner = TurnRunner(
                 journal,
