@@ -175,7 +175,7 @@ class Bot:
                 approvals=self.approvals,
                 sidecar_limit=self.config.sidecar_limit,
                 max_concurrent=self.config.max_concurrent_turns,
-                media_allowed=transport.plain_media_allowed,
+                encrypt_media=transport.encrypt_media,
             )
             worker.on_acknowledged = runner.acknowledged
 

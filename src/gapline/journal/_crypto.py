@@ -533,9 +533,9 @@ class EncryptingTransport:
     ) -> str:
         return await self._client.upload(data, content_type=content_type, filename=filename)
 
-    async def plain_media_allowed(self, room_id: str) -> bool:
-        """Attachments are uploaded unencrypted: never for an encrypted room."""
-        return not await self._guard.is_encrypted(room_id)
+    async def encrypt_media(self, room_id: str) -> bool:
+        """An encrypted room's attachments are encrypted before they are uploaded."""
+        return await self._guard.is_encrypted(room_id)
 
 
 class DecryptingSource:
