@@ -118,11 +118,11 @@ async def test_a_heal_interrupted_between_chunks_is_finished_at_the_next_start(
     heal = _heal_pass.heal
     calls = []
 
-    def failing(store, tx, room_id, healed):
+    def failing(store, tx, room_id, healed, entries):
         calls.append(len(healed))
         if len(calls) == failing_chunk + 1:
             raise OSError("the disk went away")
-        return heal(store, tx, room_id, healed)
+        return heal(store, tx, room_id, healed, entries)
 
     async with scene(tmp_path) as s:
         await s.join_encrypted_room()

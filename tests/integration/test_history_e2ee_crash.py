@@ -60,7 +60,7 @@ else:  # the heal's chunks: args["chunk"] rows each; held at the write of chunk 
     _heal_pass.CHUNK = args.get("chunk", _heal_pass.CHUNK)
     writes = []
 
-    def nth_heal(store, tx, room_id, healed):
+    def nth_heal(store, tx, room_id, healed, entries):
         if healed:
             writes.append(len(healed))
         return bool(healed) and len(writes) == args.get("at", 1)

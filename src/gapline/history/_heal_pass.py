@@ -39,7 +39,7 @@ from gapline.history._healing import (
     pending_heal,
     retained_chunk,
 )
-from gapline.history._updates import Update
+from gapline.history._updates import StoredEvent, Update
 from gapline.storage import Tx
 
 __all__ = ["CHUNK", "heal_sessions"]
@@ -112,25 +112,25 @@ async def _heal_room(
                 lambda tx, c=rows: retained_chunk(store, tx, room, c)
             )
             results = await driver.decrypt_room_events(
-                room_id, [s.event for s in retained], batch=BATCH
+                room_id, [s.event for s, _, _ in retained], batch=BATCH
             )
-            healed = [
-                (s, as_cached(s.event, r))
-                for s, r in zip(retained, results, strict=True)
-                if isinstance(r, DecryptedEvent)
-            ]
+            healed, entries = [], []
+            for (s, event, skey), r in zip(retained, results, strict=True):
+                if isinstance(r, DecryptedEvent):
+                    healed.append(StoredEvent(s.ord, s.pos, as_cached(s.event, r), s.sender_name))
+                    entries.append((event, skey))
             changes = crypto.take_changes()
             if writing is not None:
                 healed_any |= await written(writing)
                 writing = None
 
             def op(
-                tx: Tx, healed=healed, stale=stale, changes=changes
+                tx: Tx, healed=healed, entries=entries, stale=stale, changes=changes
             ) -> tuple[bool, dict[str, list[Update]]]:
                 if changes is not None:
                     save_changes(tx, changes)
                 drop_entries(tx, room, stale)
-                return bool(healed), heal(store, tx, room_id, healed)
+                return bool(healed), heal(store, tx, room_id, healed, entries)
 
             writing = asyncio.create_task(commits.run(op), name=f"history-heal-{room_id}")
         if writing is not None:

@@ -186,12 +186,12 @@ def pending_heal(
 
 def retained_chunk(
     store: CacheStore, tx: Tx, room: Room, rows: Sequence[tuple[int, int, bytes, bytes]]
-) -> tuple[list[StoredEvent], list[tuple[bytes, bytes]]]:
-    """The events of these entries that still wait for a key, oldest first, and the
-    entries whose event no longer does (decrypted since, or gone)."""
+) -> tuple[list[tuple[StoredEvent, bytes, bytes]], list[tuple[bytes, bytes]]]:
+    """The events of these entries that still wait for a key, oldest first, each with
+    its entry (event hash, session hash), and the entries whose event no longer waits
+    (decrypted since, or gone)."""
     by_key = {event: skey for _, _, event, skey in rows}
-    found: list[StoredEvent] = []
-    seen: set[bytes] = set()
+    found: list[tuple[StoredEvent, bytes, bytes]] = []
     marks = ",".join("?" * len(by_key))
     for ord_, pos, event, body in tx.all(
         f"SELECT ord, pos, event, body FROM history_event WHERE room = ? AND event IN ({marks})",
@@ -200,10 +200,9 @@ def retained_chunk(
         event = bytes(event)
         stored, name = store.open_body(room.key + event, body)
         if awaits_key(stored):
-            seen.add(event)
-            found.append(StoredEvent(int(ord_), int(pos), stored, name))
-    found.sort(key=lambda f: f.key)
-    return found, [(e, s) for e, s in by_key.items() if e not in seen]
+            found.append((StoredEvent(int(ord_), int(pos), stored, name), event, by_key.pop(event)))
+    found.sort(key=lambda f: f[0].key)
+    return found, list(by_key.items())
 
 
 def detached_pending(
@@ -237,11 +236,15 @@ def drop_entries(tx: Tx, room: Room, entries: Iterable[tuple[bytes, bytes]]) -> 
 
 
 def heal(
-    store: CacheStore, tx: Tx, room_id: str, healed: Sequence[tuple[StoredEvent, ClientEvent]]
+    store: CacheStore,
+    tx: Tx,
+    room_id: str,
+    healed: Sequence[StoredEvent],
+    entries: Iterable[tuple[bytes, bytes]],
 ) -> dict[str, list[Update]]:
-    """Rewrite retained events that decrypted now (each: as it was read, under the crypto
-    lock, and its plaintext event as the cache keeps it) and show them; drop their index
-    entries.
+    """Rewrite retained events that decrypted now (each: where it was read, under the
+    crypto lock, holding its plaintext event as the cache keeps it) and show them; drop
+    their index ``entries`` (event hash, session hash).
 
     Only healing rewrites an undecryptable event's body, and every heal runs under the
     engine's crypto lock, so what was read is what is stored (keys never move; a
@@ -249,16 +252,7 @@ def heal(
     if not healed:
         return {}
     sections = Sections(store, tx, room_id)
-    sections.heal([StoredEvent(h.ord, h.pos, event, h.sender_name) for h, event in healed])
-    known = sections.known_keys  # hashed by the heal already
-    sessions: dict[str, bytes] = {}  # a heal is one session's events, mostly: hash it once
-    entries = []
-    for h, _ in healed:
-        session_id = _session_of(h.event)
-        skey = sessions.get(session_id)
-        if skey is None:
-            skey = sessions[session_id] = _session_key(store, session_id)
-        entries.append((known.get(h.event_id) or store.event_key(h.event_id), skey))
+    sections.heal(healed)
     drop_entries(tx, sections.room, entries)
     return {room_id: sections.updates}
 
