@@ -24,6 +24,7 @@ import gc
 import logging
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from contextlib import contextmanager
+from typing import Any
 
 from gapline.e2ee import DecryptedEvent, RoomKeyId, save_changes
 from gapline.history._cache_store import CacheStore
@@ -47,6 +48,8 @@ __all__ = ["CHUNK", "heal_sessions"]
 log = logging.getLogger("gapline.history")
 
 CHUNK = 500
+
+_Chunk = tuple[list[tuple[StoredEvent, bytes, bytes]], list[tuple[bytes, bytes]]]
 
 
 @contextmanager
@@ -97,20 +100,25 @@ async def _heal_room(
     assert driver is not None
     room = plan.room
     healed_any = False
-    writing: asyncio.Task[bool] | None = None
+    chunks = [plan.rows[i : i + CHUNK] for i in range(0, len(plan.rows), CHUNK)]
+    pending: list[asyncio.Task[Any]] = []  # owned: awaited here, or in the finally
 
-    async def written(task: asyncio.Task[bool]) -> bool:
-        wrote = await task
-        if wrote:
-            await flush(room_id)
-        return wrote
+    def reading(rows: list[tuple[int, int, bytes, bytes]]) -> asyncio.Task[_Chunk]:
+        task = asyncio.create_task(
+            store.backend.read(lambda tx: retained_chunk(store, tx, room, rows)),
+            name=f"history-heal-read-{room_id}",
+        )
+        pending.append(task)
+        return task
 
     try:
-        for start in range(0, len(plan.rows), CHUNK):
-            rows = plan.rows[start : start + CHUNK]
-            retained, stale = await store.backend.read(
-                lambda tx, c=rows: retained_chunk(store, tx, room, c)
-            )
+        next_read = reading(chunks[0]) if chunks else None
+        writing: asyncio.Task[bool] | None = None
+        for i in range(len(chunks)):
+            assert next_read is not None
+            retained, stale = await next_read
+            # The next chunk is read while this one decrypts (SQLite's work off the GIL).
+            next_read = reading(chunks[i + 1]) if i + 1 < len(chunks) else None
             results = await driver.decrypt_room_events(
                 room_id, [s.event for s, _, _ in retained], batch=BATCH
             )
@@ -120,9 +128,9 @@ async def _heal_room(
                     healed.append(StoredEvent(s.ord, s.pos, as_cached(s.event, r), s.sender_name))
                     entries.append((event, skey))
             changes = crypto.take_changes()
+            wrote = False
             if writing is not None:
-                healed_any |= await written(writing)
-                writing = None
+                wrote = await writing
 
             def op(
                 tx: Tx, healed=healed, entries=entries, stale=stale, changes=changes
@@ -133,14 +141,19 @@ async def _heal_room(
                 return bool(healed), heal(store, tx, room_id, healed, entries)
 
             writing = asyncio.create_task(commits.run(op), name=f"history-heal-{room_id}")
-        if writing is not None:
-            healed_any |= await written(writing)
-            writing = None
+            pending.append(writing)
+            if wrote:  # the last chunk's rows shown while this one is written
+                healed_any = True
+                await flush(room_id)
+        if writing is not None and await writing:
+            healed_any = True
+            await flush(room_id)
     finally:
-        if writing is not None:  # the pass failed before this chunk's write was awaited
-            [outcome] = await asyncio.gather(writing, return_exceptions=True)
-            if isinstance(outcome, BaseException):
-                log.warning("a chunk of a heal was not written either: %s", outcome)
+        unfinished = [t for t in pending if not t.done()]
+        if unfinished:  # the pass failed with a read or a write still running
+            for outcome in await asyncio.gather(*unfinished, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    log.warning("a step of a failed heal failed too: %s", outcome)
     if plan.detached or plan.gone:
         healed_any |= await _heal_detached(store, crypto, commits, plan, room_id)
         await flush(room_id)
