@@ -131,6 +131,8 @@ class Homeserver:
     """Every room event sent (type, content)."""
     state: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Room state the server answers by type (``/state/{type}``)."""
+    context: dict[str, ClientEvent] = field(default_factory=dict)
+    """Events ``/context/{event_id}`` answers (others: not found)."""
 
 
 def alice_client(
@@ -146,6 +148,11 @@ def alice_client(
             return httpx.Response(200, json={"next_batch": "s-next"})
         if "/relations/" in bare:
             return httpx.Response(200, json={"chunk": []})
+        if "/context/" in bare:
+            found = hs.context.get(bare.split("/context/")[1])
+            if found is None:
+                return httpx.Response(404, json={"errcode": "M_NOT_FOUND", "error": "no"})
+            return httpx.Response(200, json={"event": msgspec.to_builtins(found)})
         if "/messages" in bare:
             chunk = [msgspec.to_builtins(e) for e in reversed(hs.older)]
             return httpx.Response(200, json={"chunk": chunk, "start": "t0"})
@@ -170,7 +177,7 @@ def alice_client(
 
 @contextlib.asynccontextmanager
 async def scene(
-    store: Path, server: KeyServer | None = None, bob: Peer | None = None
+    store: Path, server: KeyServer | None = None, bob: Peer | None = None, *, e2ee: bool = True
 ) -> AsyncGenerator[Scene]:
     server = server or KeyServer()
     clock = Clock()
@@ -185,7 +192,7 @@ async def scene(
     async with (
         alice_client(server, hs) as client,
         Engine.open(
-            store, client, passphrase="pw", sink=sink, sync=False, send=True, e2ee=True,
+            store, client, passphrase="pw", sink=sink, sync=False, send=True, e2ee=e2ee,
             kdf_cost=KdfParams.cheap(),
         ) as engine,
     ):  # fmt: skip
