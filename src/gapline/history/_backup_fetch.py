@@ -15,8 +15,8 @@ the backup for the sessions of what it is about to show:
   ``TaskGroup``, cancelled when it closes) takes each opened room in turn,
   ``GET /room_keys/keys/{roomId}``, imports what it lacks, heals, and records
   the room as done for that backup version (``history_backup_done``), so a
-  restart does not fetch it again. Rooms go one at a time, with a pause
-  between them.
+  restart does not fetch it again. Rooms go one at a time, each after a pause
+  (``pause_s``), and visible rows always go first.
 
 Every session is asked once at a time: a request for a session already in
 flight waits for that one. A session the backup does not hold (or holds no
@@ -73,7 +73,7 @@ BACKUP_FETCH_MIGRATIONS = [
 ]
 
 FETCHABLE = frozenset({UtdReason.MISSING_ROOM_KEY, UtdReason.UNKNOWN_MESSAGE_INDEX})
-PAUSE_S = 0.5  # between two rooms of the background fetch
+PAUSE_S = 0.5  # before each room of the background fetch
 RESTORE_BATCH = 64  # entries decrypted between two yields to the event loop
 
 Heal = Callable[[KeyUpdates], Awaitable[None]]
@@ -96,7 +96,7 @@ class BackupFetcher:
         self._rooms = rooms
         self._heal = heal
         self.pause_s = pause_s
-        """Seconds between two rooms of the background fetch (its rate limit)."""
+        """Seconds before each room of the background fetch (its rate limit)."""
         self._absent: set[RoomKeyId] = set()
         self._in_flight: dict[RoomKeyId, asyncio.Future[None]] = {}
         self._queue: collections.deque[str] = collections.deque()
@@ -232,7 +232,8 @@ class BackupFetcher:
 
     async def run(self) -> None:
         """The engine's background fetch: visible rows first, then whole rooms, one at a
-        time. Runs until cancelled; a failure is logged and the room asked again later."""
+        time after a pause each (woken meanwhile, visible rows go first again). Runs
+        until cancelled; a failure is logged and the room asked again when woken."""
         while True:
             self._idle.set()
             await self._wake.wait()
@@ -244,20 +245,27 @@ class BackupFetcher:
             try:
                 await self._visible_pass()
                 while self._queue and not self._wake.is_set():
-                    await self._sweep(self._queue[0], version)
-                    if self._queue:
-                        self._queue.popleft()
-                    if self._queue and self.pause_s > 0:
-                        with contextlib.suppress(TimeoutError):  # woken early: visible first
+                    if self.pause_s > 0:
+                        self._idle.set()
+                        with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(self._wake.wait(), self.pause_s)
+                        self._idle.clear()
+                        if self._wake.is_set():
+                            break
+                    room_id = self._queue[0]
+                    await self._sweep(room_id, version)
+                    if self._queue and self._queue[0] == room_id:
+                        self._queue.popleft()
             except (MatrixError, StorageError) as exc:
                 log.warning("key backup: background fetch failed (tried again later): %s", exc)
 
-    async def wait_idle(self) -> None:
-        """Wait until the background task has nothing left to do (tests, benches)."""
+    async def wait_idle(self, *, rooms: bool = True) -> None:
+        """Wait until the background task has nothing left to do (tests, benches);
+        ``rooms=False``: only until the visible rows are done (whole rooms may wait)."""
         while True:
             await self._idle.wait()
-            if not self._wake.is_set() and (not self._queue or self.version is None):
+            left = rooms and bool(self._queue) and self.version is not None
+            if not self._wake.is_set() and not left:
                 return
             await asyncio.sleep(0.01)
 
