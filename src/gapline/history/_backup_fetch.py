@@ -8,9 +8,11 @@ the backup for the sessions of what it is about to show:
   timelines' undecryptable rows (``MissingRoomKey``, ``UnknownMessageIndex``)
   name their sessions, fetched one ``GET /room_keys/keys/{roomId}/{sessionId}``
   each, and every row whose key came heals in place (``Set`` diffs);
-- **a page of a walk** (recent load, fill, back-pagination): its missing sessions
-  are fetched after the page is decrypted and *before it commits*, and its events
-  of those sessions decrypted again, so the page lands decrypted;
+- **a page of a walk** (recent load, fill, back-pagination): the sessions it names
+  that this device lacks are fetched before it is decrypted (and, after, those
+  known only from a later index), all *before it commits*, so the page lands
+  decrypted; the other retained rows of those sessions heal in the background
+  task, so the page's fetch adds no write of its own;
 - **the rest of the room**, in the background: one task (owned by the engine's
   ``TaskGroup``, cancelled when it closes) takes each opened room in turn,
   ``GET /room_keys/keys/{roomId}``, imports what it lacks, heals, and records
@@ -43,7 +45,7 @@ from gapline.e2ee import (
 )
 from gapline.history._cache_store import CacheStore
 from gapline.history._crypto import EngineCrypto
-from gapline.history._decryption import decryption_of
+from gapline.history._decryption import ENCRYPTED, decryption_of
 from gapline.history._items import EventItem
 from gapline.history._operations import Room
 from gapline.matrix import ClientEvent, KeyBackupData, MatrixError
@@ -99,6 +101,7 @@ class BackupFetcher:
         """Seconds before each room of the background fetch (its rate limit)."""
         self._absent: set[RoomKeyId] = set()
         self._in_flight: dict[RoomKeyId, asyncio.Future[None]] = {}
+        self._to_heal: set[RoomKeyId] = set()  # imported for a page, retained rows not healed
         self._queue: collections.deque[str] = collections.deque()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -129,15 +132,32 @@ class BackupFetcher:
         self._queue.clear()
         self._queue.extend(with_room)
 
+    async def before_page(self, room_id: str, events: Iterable[ClientEvent]) -> None:
+        """Fetch the sessions of a page's encrypted events that this device lacks, before
+        the page is decrypted (so it is decrypted once)."""
+        driver = self._crypto.driver
+        if driver is None or self.version is None:
+            return
+        inbound = driver.machine.inbound
+        sessions = [
+            session_id
+            for e in events
+            if e.type == ENCRYPTED and e.state_key is None and e.redacted_because is None
+            and isinstance(session_id := e.content.get("session_id"), str)
+            and inbound.first_known_index(room_id, session_id) is None
+        ]  # fmt: skip
+        if sessions:
+            await self.fetch(room_id, sessions, heal=False)
+
     async def complete_page(self, room_id: str, events: list[ClientEvent]) -> list[ClientEvent]:
         """A decrypted page, with the events whose keys the backup held decrypted too
-        (fetched now, before the page commits)."""
+        (fetched now, before the page commits: a session known from a later index)."""
         if self.version is None:
             return events
         missing = _missing_sessions(events)
         if not missing:
             return events
-        await self.fetch(room_id, missing)
+        await self.fetch(room_id, missing, heal=False)
         again = [
             i
             for i, e in enumerate(events)
@@ -153,9 +173,13 @@ class BackupFetcher:
             out[i] = event
         return out
 
-    async def fetch(self, room_id: str, session_ids: Iterable[str]) -> tuple[RoomKeyId, ...]:
+    async def fetch(
+        self, room_id: str, session_ids: Iterable[str], *, heal: bool = True
+    ) -> tuple[RoomKeyId, ...]:
         """Fetch these sessions from the backup (each once at a time; the negative cache
-        skips what it lacked), import them and heal their retained rows; the imported."""
+        skips what it lacked), import them and heal their retained rows (``heal=False``:
+        by the background task, so a page's fetch adds no write of its own; the page's
+        commit saves the sessions); the imported."""
         version = self.version
         if version is None:
             return ()
@@ -175,7 +199,7 @@ class BackupFetcher:
         imported: tuple[RoomKeyId, ...] = ()
         try:
             if mine:
-                imported = await self._fetch_now(version, mine)
+                imported = await self._fetch_now(version, mine, heal=heal)
         finally:
             for key in mine:
                 done = self._in_flight.pop(key)
@@ -185,7 +209,9 @@ class BackupFetcher:
             await asyncio.wait(theirs)  # not cancelled with us: their owner settles them
         return imported
 
-    async def _fetch_now(self, version: str, keys: Sequence[RoomKeyId]) -> tuple[RoomKeyId, ...]:
+    async def _fetch_now(
+        self, version: str, keys: Sequence[RoomKeyId], *, heal: bool
+    ) -> tuple[RoomKeyId, ...]:
         driver = self._crypto.driver
         assert driver is not None
         self.asked += len(keys)
@@ -194,7 +220,7 @@ class BackupFetcher:
         except MatrixError as exc:
             log.warning("key backup: fetching %d sessions failed: %s", len(keys), exc)
             return ()
-        imported = await self._import(version, got.entries)
+        imported = await self._import(version, got.entries, heal=heal)
         found = set(imported)
         self._absent.update(k for k in keys if k not in found)
         if got.missing:
@@ -203,10 +229,10 @@ class BackupFetcher:
         return imported
 
     async def _import(
-        self, version: str, entries: Sequence[tuple[str, str, KeyBackupData]]
+        self, version: str, entries: Sequence[tuple[str, str, KeyBackupData]], *, heal: bool
     ) -> tuple[RoomKeyId, ...]:
         """Import the entries (in batches, under the crypto lock), then heal their rows
-        (the heal's write saves the imported sessions too)."""
+        (the heal's write saves the imported sessions too), now or in the background."""
         driver = self._crypto.driver
         assert driver is not None
         inbound = driver.machine.inbound
@@ -224,8 +250,11 @@ class BackupFetcher:
                 )
             imported.extend(report.imported)
             await asyncio.sleep(0)
-        if imported:
+        if imported and heal:
             await self._heal(KeyUpdates(room_keys=tuple(imported)))
+        elif imported:
+            self._to_heal.update(imported)
+            self._wake.set()
         return tuple(imported)
 
     # -- the background task ---------------------------------------------------------------
@@ -243,6 +272,9 @@ class BackupFetcher:
             if version is None:
                 continue
             try:
+                if self._to_heal:
+                    keys, self._to_heal = tuple(self._to_heal), set()
+                    await self._heal(KeyUpdates(room_keys=keys))
                 await self._visible_pass()
                 while self._queue and not self._wake.is_set():
                     if self.pause_s > 0:
@@ -299,7 +331,7 @@ class BackupFetcher:
         driver = self._crypto.driver
         assert driver is not None
         got = await fetch_backup_room(driver, room_id, version=version)
-        imported = await self._import(version, got.entries)
+        imported = await self._import(version, got.entries, heal=True)
         log.info("key backup %s: %d sessions fetched for a room (%d held already)",
                  version, len(imported), len(got.entries) - len(imported))  # fmt: skip
 

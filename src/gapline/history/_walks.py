@@ -132,6 +132,8 @@ class Walks:
                 return page
             # Decrypted here, on the loop, so the page's write holds only storage work;
             # the keys the backup holds for it are fetched before it commits.
+            if self._backup is not None:
+                await self._backup.before_page(room.room_id, page.chunk)
             chunk = await crypto.decrypt(room.room_id, page.chunk)
             if self._backup is not None:
                 chunk = await self._backup.complete_page(room.room_id, chunk)
