@@ -146,7 +146,10 @@ class KeyBackup:
             return None
         held = self._vault.get(BACKUP_SECRET)
         public_key = json.loads(self._version.auth_data_json).get("public_key")
-        if held is None or BackupKey(held).public_key != public_key:
+        try:
+            if held is None or BackupKey(held).public_key != public_key:
+                return None
+        except ValueError:  # a held secret that is not a key opens nothing
             return None
         return self._version.version
 
