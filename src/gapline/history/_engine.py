@@ -19,10 +19,12 @@ open rooms and dispatches commands. The work lives beside it:
   redactions, edits, read markers, typing);
 - ``_send_queue``: the durable send queue messages go through, and its worker;
 - ``_joining``: joining, leaving, invites and creating rooms;
-- ``_threads``: thread views; ``_quotes``: fetching replied-to events.
+- ``_threads``: thread views; ``_quotes``: fetching replied-to events;
+- ``_backup_fetch``: keys from the key backup for what the open rooms show.
 
 Task ownership: the engine owns one ``TaskGroup``. In it run the sync loop,
-the send queue's worker and, per open room, at most one *operation*. ``Cancel``, ``CloseRoom`` and
+the send queue's worker, the key-backup fetch (``_backup_fetch``, with
+``e2ee``) and, per open room, at most one *operation*. ``Cancel``, ``CloseRoom`` and
 ``Shutdown`` cancel an operation; the operation itself turns the cancellation
 into its published outcome (``Cancelled``) and its answer (``Interrupted``),
 so every outcome is published by the task that owns it.
