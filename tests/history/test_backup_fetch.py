@@ -110,6 +110,17 @@ async def recovered(
         yield s, backup
 
 
+def _world() -> tuple[KeyServer, Peer, Backup]:
+    """A key server, bob, and the backup: kept across two engines on one store."""
+    server = KeyServer()
+    bob = Peer(server, "@bob:x", "B1", Clock())
+    bob.pump()
+    bob.machine.set_room_encryption(ROOM, MEGOLM)
+    bob.machine.update_tracked_users(["@alice:x", "@bob:x"])
+    bob.commit()
+    return server, bob, Backup(FakeHomeserver("x"))
+
+
 def _fetcher(s: Scene) -> BackupFetcher:
     assert s.engine.backup_fetch is not None
     return s.engine.backup_fetch
@@ -230,13 +241,7 @@ async def test_one_request_in_flight_per_session(tmp_path) -> None:
 
 
 async def test_the_background_fetch_completes_the_room_once(tmp_path) -> None:
-    server = KeyServer()
-    bob = Peer(server, "@bob:x", "B1", Clock())
-    bob.pump()
-    bob.machine.set_room_encryption(ROOM, MEGOLM)
-    bob.machine.update_tracked_users(["@alice:x", "@bob:x"])
-    bob.commit()
-    backup = Backup(FakeHomeserver("x"))
+    server, bob, backup = _world()
     async with recovered(tmp_path, server, bob, backup) as (s, _):
         await s.join_encrypted_room()
         s.server.hold_to_device = True
@@ -260,13 +265,7 @@ async def test_the_background_fetch_completes_the_room_once(tmp_path) -> None:
 
 
 async def test_closing_the_engine_cancels_a_background_fetch_and_it_resumes(tmp_path) -> None:
-    server = KeyServer()
-    bob = Peer(server, "@bob:x", "B1", Clock())
-    bob.pump()
-    bob.machine.set_room_encryption(ROOM, MEGOLM)
-    bob.machine.update_tracked_users(["@alice:x", "@bob:x"])
-    bob.commit()
-    backup = Backup(FakeHomeserver("x"))
+    server, bob, backup = _world()
     async with recovered(tmp_path, server, bob, backup) as (s, _):
         await s.join_encrypted_room()
         s.server.hold_to_device = True
