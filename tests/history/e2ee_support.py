@@ -31,6 +31,7 @@ from gapline.matrix import (
     StateBlock,
     Timeline,
 )
+from gapline.matrix.testing import FakeHomeserver
 from gapline.storage import KdfParams
 from tests.e2ee.harness import Clock, Peer
 from tests.e2ee.keyserver import KeyServer
@@ -136,14 +137,23 @@ class Homeserver:
 
 
 def alice_client(
-    server: KeyServer, hs: Homeserver, device: tuple[str, str] = ALICE
+    server: KeyServer,
+    hs: Homeserver,
+    device: tuple[str, str] = ALICE,
+    backup: FakeHomeserver | None = None,
 ) -> MatrixClient:
-    """Alice's client: the key endpoints from ``server``, the room ones from ``hs``."""
+    """Alice's client: the key endpoints from ``server``, the room ones from ``hs``, and
+    the key backup (``/room_keys``) from ``backup``'s, when given."""
     server.register(*device)
+    token = "t"
+    if backup is not None:
+        token = backup.register(device[0].split(":")[0][1:], device_id=device[1]).access_token
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx.Request) -> Any:
         path = request.url.raw_path.decode()
         bare = unquote(path.split("?")[0])
+        if "/room_keys/" in bare and backup is not None:
+            return backup.handle(request)
         if bare.endswith("/sync"):
             return httpx.Response(200, json={"next_batch": "s-next"})
         if "/relations/" in bare:
@@ -170,14 +180,19 @@ def alice_client(
 
     return MatrixClient(
         "https://hs.example",
-        session=Session("https://hs.example", device[0], device[1], "t"),
+        session=Session("https://hs.example", device[0], device[1], token),
         transport=httpx.MockTransport(handler),
     )
 
 
 @contextlib.asynccontextmanager
 async def scene(
-    store: Path, server: KeyServer | None = None, bob: Peer | None = None, *, e2ee: bool = True
+    store: Path,
+    server: KeyServer | None = None,
+    bob: Peer | None = None,
+    backup: FakeHomeserver | None = None,
+    *,
+    e2ee: bool = True,
 ) -> AsyncGenerator[Scene]:
     server = server or KeyServer()
     clock = Clock()
@@ -190,7 +205,7 @@ async def scene(
     sink = Sink()
     hs = Homeserver()
     async with (
-        alice_client(server, hs) as client,
+        alice_client(server, hs, backup=backup) as client,
         Engine.open(
             store, client, passphrase="pw", sink=sink, sync=False, send=True, e2ee=e2ee,
             kdf_cost=KdfParams.cheap(),

@@ -209,10 +209,11 @@ class EngineCrypto:
             log.warning("end-to-end encryption request %s failed: %s", kind.value, exc)
         return result.updates
 
-    async def recover(self, recovery_key: str) -> RestoreReport:
+    async def recover(self, recovery_key: str, *, restore: bool = True) -> RestoreReport:
         """Recover the account's secrets with the recovery key, sign this device with
-        the recovered self-signing key, take up the backup and restore its keys; the
-        caller heals the retained events of ``imported``.
+        the recovered self-signing key, take up the backup and (``restore``) restore all
+        its keys; the caller heals the retained events of ``imported``. Without
+        ``restore`` nothing is imported here: the keys are fetched as rooms show them.
 
         Raises `WrongRecoveryKey` / `RecoveryKeyInvalid` / `SecretStorageError` before
         anything is changed or saved; `MatrixError` when the server cannot be asked."""
@@ -230,6 +231,12 @@ class EngineCrypto:
             trust = await enable_backup(driver, create=False)
             if trust is None:
                 log.warning("the account has no key backup: no keys to restore")
+                return RestoreReport((), 0, ())
+            if not restore:
+                log.info(
+                    "took up backup version %s: its keys are restored as rooms show them",
+                    trust.version,
+                )
                 return RestoreReport((), 0, ())
             report = await restore_backup(driver, version=trust.version)
         for refusal in report.refusals:
