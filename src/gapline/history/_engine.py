@@ -20,7 +20,8 @@ open rooms and dispatches commands. The work lives beside it:
 - ``_send_queue``: the durable send queue messages go through, and its worker;
 - ``_joining``: joining, leaving, invites and creating rooms;
 - ``_threads``: thread views; ``_quotes``: fetching replied-to events;
-- ``_backup_fetch``: keys from the key backup for what the open rooms show.
+- ``_backup_fetch``: keys from the key backup for what the open rooms show;
+- ``_verifying``: interactive verification (SAS) flows, fed from sync.
 
 Task ownership: the engine owns one ``TaskGroup``. In it run the sync loop,
 the send queue's worker, the key-backup fetch (``_backup_fetch``, with
@@ -60,11 +61,14 @@ from gapline.history._threads import Threads
 from gapline.history._timeline import Timeline
 from gapline.history._types import (
     AcceptInvite,
+    AcceptVerification,
     Answer,
     Cancel,
     CancelSend,
+    CancelVerification,
     CloseRoom,
     Command,
+    ConfirmVerification,
     CreateRoom,
     DeclineInvite,
     DumpState,
@@ -97,9 +101,11 @@ from gapline.history._types import (
     SetTyping,
     ShrinkTimeline,
     Shutdown,
+    StartVerification,
     TypingChanged,
 )
 from gapline.history._upgrade import finish_upgrades
+from gapline.history._verifying import Verifying
 from gapline.history._walks import Walks
 from gapline.matrix import MatrixClient, SyncResponse
 from gapline.storage import Backend, open_backend, open_cipher, tune_sqlite_writer
@@ -166,6 +172,7 @@ class Engine:
             backoff=config.send_backoff_s,
             crypto=self.crypto,
         )
+        self._verifying = None if self.crypto is None else Verifying(self.crypto, publish, tg)
         self._sync = Sync(
             store,
             client,
@@ -176,6 +183,7 @@ class Engine:
             typing=self._typing,
             crypto=self.crypto,
             after_ingest=self._synced,
+            verifying=self._verifying,
         )
         self._quotes = Quotes(client, self._commits, tg, self.flush_history, crypto=self.crypto)
         self._sending = Sending(store, client, self._commits, self.flush_history, self._send_queue)
@@ -312,6 +320,8 @@ class Engine:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self._verifying is not None:
+            await self._verifying.close()
         await self._commits.drain()
 
     # -- public surface --------------------------------------------------------------------
@@ -496,6 +506,15 @@ class Engine:
                 return Ok()
             case DumpState():
                 return Invalid("DumpState is answered by the bridge's mirror, not the engine")
+            case (
+                StartVerification()
+                | AcceptVerification()
+                | ConfirmVerification()
+                | (CancelVerification())
+            ):
+                verifying = self._verifying
+                off = Failed("verification needs end-to-end encryption (the engine runs without)")
+                return off if verifying is None else await verifying.execute(command)
         return Invalid(f"unknown command {command!r}")
 
     # -- rooms -----------------------------------------------------------------------------

@@ -25,8 +25,9 @@ from gapline.history._failures import describe
 from gapline.history._heal_pass import heal_sessions
 from gapline.history._healing import index_undecrypted, undecrypted_sessions
 from gapline.history._sections import Sections
-from gapline.history._updates import Update
-from gapline.matrix import MatrixClient, MatrixError, SyncResponse, UnknownToken
+from gapline.history._updates import StoredEvent, Update
+from gapline.history._verifying import Verifying
+from gapline.matrix import ClientEvent, MatrixClient, MatrixError, SyncResponse, UnknownToken
 from gapline.storage import StorageError, Tx
 
 __all__ = ["Sync", "commit_sync", "typing_of"]
@@ -100,8 +101,10 @@ class Sync:
         typing: Callable[[str, tuple[str, ...]], Awaitable[None]] | None = None,
         crypto: EngineCrypto | None = None,
         after_ingest: Callable[[], Awaitable[None]] | None = None,
+        verifying: Verifying | None = None,
     ) -> None:
         self._crypto = crypto
+        self._verifying = verifying
         self._store = store
         self._client = client
         self._commits = commits
@@ -149,8 +152,13 @@ class Sync:
         for room_id in dict.fromkeys([*response.rooms.join, *healed]):
             await self._flush_room(room_id)
         if crypto is not None and crypto.ready:
-            await self.after_keys(crypto, await crypto.send_outgoing())
+            sent = await crypto.send_outgoing()
+            if self._verifying is not None:
+                self._verifying.receive_to_device(sent.to_device)
+            await self.after_keys(crypto, sent)
             await crypto.back_up()
+            if self._verifying is not None:
+                await self._verifying.settle()
         await self._announce(response)
 
     async def _ingest_encrypted(
@@ -160,6 +168,8 @@ class Sync:
         store = self._store
         async with crypto.lock:
             response, updates = await crypto.prepare_sync(response, initial=initial)
+            if self._verifying is not None:  # a finished flow's marks commit with the sync
+                self._verifying.receive_sync(response, updates)
             changes = crypto.take_changes()
             try:
                 await self._commits.run(

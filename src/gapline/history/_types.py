@@ -34,10 +34,13 @@ from typing import ClassVar, TypeAlias
 
 from gapline.history._commands import (
     AcceptInvite,
+    AcceptVerification,
     Cancel,
     CancelSend,
+    CancelVerification,
     CloseRoom,
     Command,
+    ConfirmVerification,
     CreateRoom,
     DeclineInvite,
     DumpState,
@@ -59,6 +62,7 @@ from gapline.history._commands import (
     SetTyping,
     ShrinkTimeline,
     Shutdown,
+    StartVerification,
 )
 from gapline.history._items import (
     READ_MARKER_ID,
@@ -78,17 +82,21 @@ from gapline.history._items import (
     Undecrypted,
     UtdReason,
 )
+from gapline.history._verifying_types import VerificationChanged, VerificationPhase
 
 __all__ = [
     "READ_MARKER_ID",
     "AcceptInvite",
+    "AcceptVerification",
     "Answer",
     "Append",
     "Cancel",
     "CancelSend",
+    "CancelVerification",
     "Clear",
     "CloseRoom",
     "Command",
+    "ConfirmVerification",
     "Continuity",
     "CreateRoom",
     "DeclineInvite",
@@ -146,6 +154,7 @@ __all__ = [
     "SetTyping",
     "ShrinkTimeline",
     "Shutdown",
+    "StartVerification",
     "ThreadLatest",
     "ThreadSummary",
     "TimelineChanged",
@@ -156,6 +165,8 @@ __all__ = [
     "Undecrypted",
     "UtdReason",
     "VectorDiff",
+    "VerificationChanged",
+    "VerificationPhase",
     "apply_diff",
     "apply_diffs",
 ]
@@ -528,4 +539,5 @@ Event: TypeAlias = (
     | TypingChanged
     | MembersChanged
     | SendQueueChanged
+    | VerificationChanged
 )

@@ -58,6 +58,7 @@ from gapline.history import (
     TimelineReset,
     TypingChanged,
     VectorDiff,
+    VerificationChanged,
 )
 from gapline.history.rooms import RoomDirectory
 from gapline.tui._actions import PLACEHOLDER, RowActions
@@ -76,6 +77,7 @@ from gapline.tui._status import StatusLines
 from gapline.tui._switching import RoomSwitching
 from gapline.tui._text import FillProgress
 from gapline.tui._timeline import TimelineView
+from gapline.tui._verification import Verification
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +91,7 @@ def _inserted_events(diffs: tuple[VectorDiff, ...]) -> int:
     )
 
 
-class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[int]):
+class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, Verification, App[int]):
     """``gapline tui``: read rooms, see every gap where it is, fill it with one key."""
 
     TITLE = "gapline"
@@ -406,4 +408,6 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
                     view.reports[report.gap_id] = report
                     self._show_progress()
                 view.refresh_gaps()
+            case VerificationChanged():
+                self.verification_changed(event)
         self._refresh_status()

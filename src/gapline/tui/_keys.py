@@ -21,6 +21,7 @@ BINDINGS: list[BindingType] = [
     Binding("t", "thread", "Thread", show=False),
     Binding("m", "members", "Members", show=False),
     Binding("v", "devices", "Devices", show=False),
+    Binding("V", "verify", "Verify a device", show=False),
     Binding("x", "mark_read", "Mark read", show=False),
     Binding("l", "live", "Live end", show=False),
     Binding("q", "quit", "Quit"),
