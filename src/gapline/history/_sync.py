@@ -25,9 +25,9 @@ from gapline.history._failures import describe
 from gapline.history._heal_pass import heal_sessions
 from gapline.history._healing import index_undecrypted, undecrypted_sessions
 from gapline.history._sections import Sections
-from gapline.history._updates import StoredEvent, Update
+from gapline.history._updates import Update
 from gapline.history._verifying import Verifying
-from gapline.matrix import ClientEvent, MatrixClient, MatrixError, SyncResponse, UnknownToken
+from gapline.matrix import MatrixClient, MatrixError, SyncResponse, UnknownToken
 from gapline.storage import StorageError, Tx
 
 __all__ = ["Sync", "commit_sync", "typing_of"]
