@@ -45,6 +45,7 @@ from gapline.history._commands import (
     FillGap,
     HistoryRepair,
     HistoryRepairCommand,
+    InviteUser,
     JoinRoom,
     LeaveRoom,
     MarkRead,
@@ -56,6 +57,7 @@ from gapline.history._commands import (
     RetrySend,
     SendMessage,
     SendReaction,
+    SetTopic,
     SetTyping,
     ShrinkTimeline,
     Shutdown,
@@ -111,6 +113,7 @@ __all__ = [
     "Insert",
     "Interrupted",
     "Invalid",
+    "InviteUser",
     "JoinRoom",
     "LeaveRoom",
     "MarkRead",
@@ -136,6 +139,7 @@ __all__ = [
     "RetryRecent",
     "RetrySend",
     "RoomBusy",
+    "RoomCreated",
     "RoomNotOpen",
     "SendMessage",
     "SendQueueChanged",
@@ -143,6 +147,7 @@ __all__ = [
     "SendState",
     "SendStateKind",
     "Set",
+    "SetTopic",
     "SetTyping",
     "ShrinkTimeline",
     "Shutdown",
@@ -427,7 +432,16 @@ class Invalid:
     message: str
 
 
-Answer: TypeAlias = Ok | RoomBusy | Interrupted | EventNotFound | RoomNotOpen | Failed | Invalid
+@dataclass(frozen=True, slots=True)
+class RoomCreated:
+    """``CreateRoom`` made the room: its id (the room opens at once)."""
+
+    room_id: str
+
+
+Answer: TypeAlias = (
+    Ok | RoomBusy | Interrupted | EventNotFound | RoomNotOpen | Failed | Invalid | RoomCreated
+)
 
 
 # --------------------------------------------------------------------------- events
