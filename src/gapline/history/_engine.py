@@ -18,7 +18,7 @@ open rooms and dispatches commands. The work lives beside it:
 - ``_sending``: the commands that write to a room (messages, reactions,
   redactions, edits, read markers, typing);
 - ``_send_queue``: the durable send queue messages go through, and its worker;
-- ``_joining``: joining, leaving, invites and creating rooms;
+- ``_joining``: joining, leaving, invites, creating rooms, topics;
 - ``_threads``: thread views; ``_quotes``: fetching replied-to events;
 - ``_backup_fetch``: keys from the key backup for what the open rooms show;
 - ``_verifying``: interactive verification (SAS) flows, fed from sync.
@@ -81,6 +81,7 @@ from gapline.history._types import (
     HistoryRepair,
     Interrupted,
     Invalid,
+    InviteUser,
     JoinRoom,
     LeaveRoom,
     MarkRead,
@@ -98,6 +99,7 @@ from gapline.history._types import (
     RoomNotOpen,
     SendMessage,
     SendReaction,
+    SetTopic,
     SetTyping,
     ShrinkTimeline,
     Shutdown,
@@ -495,6 +497,10 @@ class Engine:
                 return await self._joining.create(
                     name=name, topic=topic, invitees=invitees, encrypted=enc, direct=d
                 )
+            case InviteUser(room_id=room_id, user_id=user_id):
+                return await self._joining.invite(room_id, user_id)
+            case SetTopic(room_id=room_id, topic=topic):
+                return await self._joining.set_topic(room_id, topic)
             case OpenThread(room_id=room_id, thread_root=root):
                 room = self._open(room_id)
                 return RoomNotOpen() if room is None else await self._threads.open(room, root)
