@@ -75,7 +75,12 @@ class DeliveryService:
             maxsize=4096
         )
         self._certificates: dict[str, dict[str, Any]] = {}
-        self._inflight: set[tuple[str, str]] = set()
+        # Keys this process holds in memory (queued or being attempted): the scan leaves
+        # them alone. A key settled (finished or postponed) after a scan's read began is
+        # skipped by that scan too: the row it read may predate the commit.
+        self._owned: set[tuple[str, str]] = set()
+        self._settled: dict[tuple[str, str], int] = {}
+        self._tick = 0
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(concurrency)
         self._remembered: set[str] = set()  # remote signer certificates already stored
@@ -144,8 +149,11 @@ class DeliveryService:
             item = PendingDelivery(
                 send.from_account, send.message_id, send.to_account, text, deadline, 0
             )
-            with contextlib.suppress(asyncio.QueueFull):  # the queue scan picks it up
-                self._queue.put_nowait((item, deliver))
+            key = (send.from_account, send.message_id)
+            if key not in self._owned:
+                with contextlib.suppress(asyncio.QueueFull):  # the queue scan picks it up
+                    self._queue.put_nowait((item, deliver))
+                    self._owned.add(key)
         return accepted.result.to_json()
 
     async def _certificate(self, device_id: str) -> dict[str, Any]:
@@ -172,14 +180,21 @@ class DeliveryService:
     async def _from_queue(self, tg: asyncio.TaskGroup) -> None:
         while True:
             item, params = await self._queue.get()
-            await self._start(tg, item, params)
+            await self._start(tg, item, params)  # owned since it was queued
 
     async def _scan(self, tg: asyncio.TaskGroup) -> None:
-        """What the in-memory queue does not carry: work left from before a restart, and
-        retries whose time has come."""
+        """What the in-memory queue does not carry: work left from before a restart (or
+        by another process on the same database), and retries whose time has come."""
         while True:
+            read_at = self._tick
             for item in await self.relay.store.deliveries.due(self.relay.now(), 256):
+                key = (item.from_account, item.message_id)
+                if key in self._owned or self._settled.get(key, -1) > read_at:
+                    continue  # held here, or the row read predates its settling commit
+                self._owned.add(key)
                 await self._start(tg, item)
+            # Later reads begin after these commits: their rows show them.
+            self._settled = {k: t for k, t in self._settled.items() if t > read_at}
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1.0):
                     await self._wake.wait()
@@ -188,11 +203,9 @@ class DeliveryService:
     async def _start(
         self, tg: asyncio.TaskGroup, item: PendingDelivery, params: dict[str, Any] | None = None
     ) -> None:
-        key = (item.from_account, item.message_id)
-        if key in self._inflight:
-            return
+        """Attempt an owned item once a slot is free; it stays owned until it settles."""
         await self._slots.acquire()
-        self._inflight.add(key)
+        key = (item.from_account, item.message_id)
         tg.create_task(self._attempt(item, key, params))
 
     async def _attempt(
@@ -206,7 +219,9 @@ class DeliveryService:
             log.exception("delivery of %s failed; it stays queued", item.message_id)
             self.metrics.deliveries.labels("retry_internal").inc()
         finally:
-            self._inflight.discard(key)
+            self._owned.discard(key)
+            self._tick += 1
+            self._settled[key] = self._tick
             self._slots.release()
 
     async def _deliver(self, item: PendingDelivery, params: dict[str, Any]) -> None:
