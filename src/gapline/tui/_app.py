@@ -62,6 +62,7 @@ from gapline.history import (
     TimelineReset,
     TypingChanged,
     VectorDiff,
+    VerificationChanged,
 )
 from gapline.history.rooms import RoomDirectory
 from gapline.tui._actions import PLACEHOLDER, RowActions
@@ -86,6 +87,7 @@ from gapline.tui._status import StatusLines
 from gapline.tui._switching import RoomSwitching
 from gapline.tui._text import FillProgress
 from gapline.tui._timeline import TimelineView
+from gapline.tui._verification import Verification
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +113,7 @@ class GaplineApp(
     TimelineSearch,
     Panels,
     StatusLines,
+    Verification,
     App[int],
 ):
     """``gapline tui``: read rooms, see every gap where it is, fill it with one key."""
@@ -486,4 +489,6 @@ class GaplineApp(
                     view.reports[report.gap_id] = report
                     self._show_progress()
                 view.refresh_gaps()
+            case VerificationChanged():
+                self.verification_changed(event)
         self._refresh_status()

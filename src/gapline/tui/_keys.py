@@ -46,6 +46,7 @@ KEY_TABLE: tuple[Binding, ...] = (
     _key("L", "left_rooms", "Left rooms"),
     _key("m", "members", "Members"),
     _key("v", "devices", "Devices"),
+    _key("V", "verify", "Verify a device"),
     _key("tab", "focus_next", "Switch pane"),
 )
 """The app's bindings, each with its id."""
