@@ -170,7 +170,7 @@ def alice_client(
 
 @contextlib.asynccontextmanager
 async def scene(
-    store: Path, server: KeyServer | None = None, bob: Peer | None = None
+    store: Path, server: KeyServer | None = None, bob: Peer | None = None, sink: Sink | None = None
 ) -> AsyncGenerator[Scene]:
     server = server or KeyServer()
     clock = Clock()
@@ -180,7 +180,7 @@ async def scene(
         bob.machine.set_room_encryption(ROOM, MEGOLM)
         bob.machine.update_tracked_users(["@alice:x", "@bob:x"])
         bob.commit()
-    sink = Sink()
+    sink = sink or Sink()
     hs = Homeserver()
     async with (
         alice_client(server, hs) as client,
@@ -192,16 +192,22 @@ async def scene(
         yield Scene(server, clock, engine, sink, bob, hs)
 
 
+async def encrypted_room(kit: Any, owner: Session, member: Session) -> str:
+    """A private encrypted room of ``owner`` that ``member`` joined."""
+    async with kit.client(owner) as client:
+        room = await client.create_room(
+            preset="private_chat", initial_state=[ENCRYPTION], invite=[member.user_id]
+        )
+    async with kit.client(member) as client:
+        await client.join(room)
+    return room
+
+
 @pytest.fixture
 async def peers(synapse_kit: Any, tmp_path: Path) -> AsyncGenerator[tuple[Session, NioDevice, str]]:
     alice = await synapse_kit.user("alice")
     bob = await synapse_kit.user("bob")
-    async with synapse_kit.client(alice) as client:
-        room = await client.create_room(
-            preset="private_chat", initial_state=[ENCRYPTION], invite=[bob.user_id]
-        )
-    async with synapse_kit.client(bob) as client:
-        await client.join(room)
+    room = await encrypted_room(synapse_kit, alice, bob)
     nio = await NioDevice.login(synapse_kit.base_url, bob.user_id, tmp_path / "nio")
     try:
         yield alice, nio, room

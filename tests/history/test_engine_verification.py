@@ -9,9 +9,11 @@ is the ``VerificationChanged`` events it published.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
+from pathlib import Path
 
 import pytest
 
@@ -40,15 +42,16 @@ from gapline.history import (
 from gapline.matrix import EmptyResponse
 from tests.e2ee.harness import Clock, Peer
 from tests.e2ee.keyserver import KeyServer
-from tests.history.e2ee_support import ALICE, MEGOLM, ROOM, Scene, scene
+from tests.history.e2ee_support import ALICE, MEGOLM, ROOM, Scene, Sink, scene
 
 BOB = ("@bob:x", "B1")
 P = VerificationPhase
 S = VerificationState
 
 
-@pytest.fixture
-async def s(tmp_path) -> AsyncGenerator[Scene]:
+@contextlib.asynccontextmanager
+async def verifying_scene(tmp_path: Path, sink: Sink | None = None) -> AsyncGenerator[Scene]:
+    """Alice's engine and bob in their encrypted room, each knowing the other's device."""
     server = KeyServer()
     # bob's clock is the wall clock: alice's engine ignores a request stamped long ago.
     bob = Peer(server, *BOB, Clock(int(time.time() * 1000)))
@@ -56,10 +59,16 @@ async def s(tmp_path) -> AsyncGenerator[Scene]:
     bob.machine.set_room_encryption(ROOM, MEGOLM)
     bob.machine.update_tracked_users([ALICE[0], BOB[0]])
     bob.commit()
-    async with scene(tmp_path, server, bob) as sc:
+    async with scene(tmp_path, server, bob, sink) as sc:
         await sc.join_encrypted_room()
         await sc.sync()  # alice's engine queried bob's device
         assert sc.engine.devices([BOB[0]])[BOB[0]], "alice knows bob's device"
+        yield sc
+
+
+@pytest.fixture
+async def s(tmp_path: Path) -> AsyncGenerator[Scene]:
+    async with verifying_scene(tmp_path) as sc:
         yield sc
 
 
