@@ -59,7 +59,7 @@ async def verifying_scene(tmp_path: Path, sink: Sink | None = None) -> AsyncGene
     bob.machine.set_room_encryption(ROOM, MEGOLM)
     bob.machine.update_tracked_users([ALICE[0], BOB[0]])
     bob.commit()
-    async with scene(tmp_path, server, bob, sink) as sc:
+    async with scene(tmp_path, server, bob, sink=sink) as sc:
         await sc.join_encrypted_room()
         await sc.sync()  # alice's engine queried bob's device
         assert sc.engine.devices([BOB[0]])[BOB[0]], "alice knows bob's device"
@@ -247,7 +247,7 @@ async def test_the_commands_and_the_event_on_the_wire() -> None:
     for command, wire in commands.items():
         assert to_wire(command) == wire
         assert command_from_wire(wire) == command
-    with pytest.raises(ValueError, match="user ids"):
+    with pytest.raises(ValueError, match="Matrix user id"):
         command_from_wire({"StartVerification": {"user_id": "bob"}})
     with pytest.raises(ValueError, match="empty"):
         command_from_wire({"AcceptVerification": {"flow_id": ""}})

@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
+MSGTYPES = ("m.text", "m.emote", "m.notice")
+"""The message types ``SendMessage`` sends: a message, an action (``/me``), a notice."""
+
 __all__ = [
+    "MSGTYPES",
     "AcceptInvite",
     "AcceptVerification",
     "Cancel",
@@ -27,6 +31,7 @@ __all__ = [
     "FillGap",
     "HistoryRepair",
     "HistoryRepairCommand",
+    "InviteUser",
     "JoinRoom",
     "LeaveRoom",
     "MarkRead",
@@ -38,6 +43,7 @@ __all__ = [
     "RetrySend",
     "SendMessage",
     "SendReaction",
+    "SetTopic",
     "SetTyping",
     "ShrinkTimeline",
     "Shutdown",
@@ -95,12 +101,23 @@ class HistoryRepair:
 @dataclass(frozen=True, slots=True)
 class SendMessage:
     """Send a text message; ``in_reply_to`` quotes an event, ``thread_root`` posts it in
-    that event's thread (both optional, and absent from the wire when unset)."""
+    that event's thread (both optional, and absent from the wire when unset).
+
+    ``msgtype`` is one of :data:`MSGTYPES` (``m.emote`` is what ``/me`` sends);
+    ``markdown`` renders ``body`` as markdown into a ``formatted_body`` (HTML) when it
+    has any markup, the body staying the source as typed.
+    """
 
     room_id: str
     body: str
     in_reply_to: str | None = None
     thread_root: str | None = None
+    msgtype: str = "m.text"
+    markdown: bool = False
+
+    def __post_init__(self) -> None:
+        if self.msgtype not in MSGTYPES:
+            raise ValueError(f"SendMessage.msgtype must be one of {MSGTYPES}, got {self.msgtype!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,9 +257,26 @@ class DeclineInvite:
 
 
 @dataclass(frozen=True, slots=True)
+class InviteUser:
+    """Invite ``user_id`` to a room this account is in; ``Ok`` once the homeserver sent it."""
+
+    room_id: str
+    user_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetTopic:
+    """Set a room's topic (an empty topic removes it); ``Ok`` once the homeserver has it."""
+
+    room_id: str
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
 class CreateRoom:
     """Create a private room and invite ``invitees``; ``encrypted`` turns on end-to-end
-    encryption from the start, ``direct`` makes it a direct chat (``m.direct``)."""
+    encryption from the start, ``direct`` makes it a direct chat (``m.direct``). Answers
+    ``RoomCreated`` with the new room's id."""
 
     name: str | None = None
     topic: str | None = None
@@ -322,4 +356,6 @@ Command: TypeAlias = (
     | AcceptVerification
     | ConfirmVerification
     | CancelVerification
+    | InviteUser
+    | SetTopic
 )

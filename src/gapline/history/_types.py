@@ -48,6 +48,7 @@ from gapline.history._commands import (
     FillGap,
     HistoryRepair,
     HistoryRepairCommand,
+    InviteUser,
     JoinRoom,
     LeaveRoom,
     MarkRead,
@@ -59,6 +60,7 @@ from gapline.history._commands import (
     RetrySend,
     SendMessage,
     SendReaction,
+    SetTopic,
     SetTyping,
     ShrinkTimeline,
     Shutdown,
@@ -119,6 +121,7 @@ __all__ = [
     "Insert",
     "Interrupted",
     "Invalid",
+    "InviteUser",
     "JoinRoom",
     "LeaveRoom",
     "MarkRead",
@@ -144,6 +147,7 @@ __all__ = [
     "RetryRecent",
     "RetrySend",
     "RoomBusy",
+    "RoomCreated",
     "RoomNotOpen",
     "SendMessage",
     "SendQueueChanged",
@@ -151,6 +155,7 @@ __all__ = [
     "SendState",
     "SendStateKind",
     "Set",
+    "SetTopic",
     "SetTyping",
     "ShrinkTimeline",
     "Shutdown",
@@ -438,7 +443,16 @@ class Invalid:
     message: str
 
 
-Answer: TypeAlias = Ok | RoomBusy | Interrupted | EventNotFound | RoomNotOpen | Failed | Invalid
+@dataclass(frozen=True, slots=True)
+class RoomCreated:
+    """``CreateRoom`` made the room: its id (the room opens at once)."""
+
+    room_id: str
+
+
+Answer: TypeAlias = (
+    Ok | RoomBusy | Interrupted | EventNotFound | RoomNotOpen | Failed | Invalid | RoomCreated
+)
 
 
 # --------------------------------------------------------------------------- events

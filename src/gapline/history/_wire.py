@@ -44,6 +44,7 @@ from gapline.history._types import (
     Insert,
     Interrupted,
     Invalid,
+    InviteUser,
     JoinRoom,
     LeaveRoom,
     MarkRead,
@@ -65,6 +66,7 @@ from gapline.history._types import (
     RetryRecent,
     RetrySend,
     RoomBusy,
+    RoomCreated,
     RoomNotOpen,
     SendMessage,
     SendQueueChanged,
@@ -72,6 +74,7 @@ from gapline.history._types import (
     SendState,
     SendStateKind,
     Set,
+    SetTopic,
     SetTyping,
     ShrinkTimeline,
     Shutdown,
@@ -233,6 +236,8 @@ def _item(item: TimelineItem) -> dict[str, Json]:
                     thread_summary=None
                     if item.thread_summary is None
                     else _thread(item.thread_summary),
+                    msgtype=item.msgtype,
+                    formatted_body=item.formatted_body,
                 ),
             )
         case HistoryGapItem():
@@ -328,7 +333,13 @@ def to_wire(value: object) -> Json:
         case SendMessage(room_id=room_id, body=body, in_reply_to=reply, thread_root=root):
             return _tag(
                 "SendMessage",
-                _with({"room_id": room_id, "body": body}, in_reply_to=reply, thread_root=root),
+                _with(
+                    {"room_id": room_id, "body": body},
+                    in_reply_to=reply,
+                    thread_root=root,
+                    msgtype=None if value.msgtype == "m.text" else value.msgtype,
+                    markdown=value.markdown or None,
+                ),
             )
         case PaginateBackwards(room_id=room_id, count=count, thread_root=root):
             return _tag(
@@ -362,6 +373,10 @@ def to_wire(value: object) -> Json:
             return _tag("JoinRoom", {"room": room})
         case LeaveRoom(room_id=room_id):
             return _tag("LeaveRoom", {"room_id": room_id})
+        case InviteUser(room_id=room_id, user_id=user_id):
+            return _tag("InviteUser", {"room_id": room_id, "user_id": user_id})
+        case SetTopic(room_id=room_id, topic=topic):
+            return _tag("SetTopic", {"room_id": room_id, "topic": topic})
         case AcceptInvite(room_id=room_id):
             return _tag("AcceptInvite", {"room_id": room_id})
         case DeclineInvite(room_id=room_id):
@@ -407,6 +422,8 @@ def to_wire(value: object) -> Json:
             return _tag("Failed", message)
         case Invalid(message=message):
             return _tag("Invalid", message)
+        case RoomCreated(room_id=room_id):
+            return _tag("RoomCreated", {"room_id": room_id})
         # events
         case RecentHistoryChanged(room_id=room_id, state=state):
             return _tag("RecentHistoryChanged", {"room_id": room_id, "state": _recent_state(state)})

@@ -10,7 +10,7 @@ answers it as ``{"Invalid": message}``. Each decoder is the inverse of
 
 Fields added after the first protocol version are optional on input (a
 command written without them means what it meant before): ``SendMessage``'s
-``in_reply_to`` and ``thread_root``, ``PaginateBackwards``' ``thread_root``,
+``in_reply_to``, ``thread_root``, ``msgtype`` and ``markdown``, ``PaginateBackwards``' ``thread_root``,
 ``TimelineReset``/``TimelineChanged``'s ``thread_root``, and the state's
 ``threads``, ``typing`` and ``members``.
 """
@@ -21,6 +21,7 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import TypeVar
 
+from gapline.history._commands import MSGTYPES
 from gapline.history._mirror import State
 from gapline.history._types import (
     AcceptInvite,
@@ -46,6 +47,7 @@ from gapline.history._types import (
     HistoryRepairReport,
     Interrupted,
     Invalid,
+    InviteUser,
     JoinRoom,
     LeaveRoom,
     MarkRead,
@@ -64,10 +66,12 @@ from gapline.history._types import (
     RetryRecent,
     RetrySend,
     RoomBusy,
+    RoomCreated,
     RoomNotOpen,
     SendMessage,
     SendQueueChanged,
     SendReaction,
+    SetTopic,
     SetTyping,
     ShrinkTimeline,
     Shutdown,
@@ -136,6 +140,8 @@ _COMMAND_DATAS = (
     "AcceptVerification",
     "ConfirmVerification",
     "CancelVerification",
+    "InviteUser",
+    "SetTopic",
 )
 
 
@@ -154,16 +160,21 @@ def _room_or_alias(value: Json, where: str) -> str:
 
 
 def _user_ids(value: Json, where: str) -> tuple[str, ...]:
-    users = str_list(value, where)
-    for user in users:
-        if not (user.startswith("@") and ":" in user):
-            raise WireError(f"{where}: expected Matrix user ids (@name:server), got {user!r}")
-    return users
+    return tuple(_user_id(user, where) for user in str_list(value, where))
 
 
 def _user_id(value: Json, where: str) -> str:
-    (user,) = _user_ids([value], where)
+    user = str_(value, where)
+    if not (user.startswith("@") and ":" in user):
+        raise WireError(f"{where}: expected a Matrix user id (@name:server), got {user!r}")
     return user
+
+
+def _msgtype(value: Json, where: str) -> str:
+    text = str_(value, where)
+    if text not in MSGTYPES:
+        raise WireError(f"{where}: expected one of {', '.join(MSGTYPES)}, got {text!r}")
+    return text
 
 
 def _device_id(value: Json, where: str) -> str:
@@ -201,12 +212,19 @@ def command_from_wire(value: Json, where: str = "command") -> Command:
         case "CloseRoom":
             return CloseRoom(Fields(payload, at, ("room_id",)).get("room_id", room_id))
         case "SendMessage":
-            f = Fields(payload, at, ("room_id", "body"), ("in_reply_to", "thread_root"))
+            f = Fields(
+                payload,
+                at,
+                ("room_id", "body"),
+                ("in_reply_to", "thread_root", "msgtype", "markdown"),
+            )
             return SendMessage(
                 f.get("room_id", room_id),
                 f.get("body", str_),
                 in_reply_to=f.opt("in_reply_to", event_id),
                 thread_root=f.opt("thread_root", event_id),
+                msgtype=f.opt("msgtype", _msgtype, "m.text") or "m.text",
+                markdown=bool(f.opt("markdown", bool_)),
             )
         case "PaginateBackwards":
             f = Fields(payload, at, ("room_id", "count"), ("thread_root",))
@@ -268,6 +286,12 @@ def command_from_wire(value: Json, where: str = "command") -> Command:
             | "CancelVerification"
         ):
             return _verification_command(name, payload, at)
+        case "InviteUser":
+            f = Fields(payload, at, ("room_id", "user_id"))
+            return InviteUser(f.get("room_id", room_id), f.get("user_id", _user_id))
+        case "SetTopic":
+            f = Fields(payload, at, ("room_id", "topic"))
+            return SetTopic(f.get("room_id", room_id), f.get("topic", str_))
         case "RetrySend" | "CancelSend":
             f = Fields(payload, at, ("room_id", "id"))
             kind = RetrySend if name == "RetrySend" else CancelSend
@@ -293,9 +317,14 @@ _ANSWER_UNITS: dict[str, Answer] = {
 
 def answer_from_wire(value: Json, where: str = "answer") -> Answer:
     """Decode an answer; raises :class:`WireError`."""
-    name, payload = variant(value, where, tuple(_ANSWER_UNITS), ("Failed", "Invalid"))
+    name, payload = variant(
+        value, where, tuple(_ANSWER_UNITS), ("Failed", "Invalid", "RoomCreated")
+    )
     if name in _ANSWER_UNITS:
         return _ANSWER_UNITS[name]
+    if name == "RoomCreated":
+        f = Fields(payload, f"{where}.{name}", ("room_id",))
+        return RoomCreated(f.get("room_id", room_id))
     message = str_(payload, f"{where}.{name}")
     return Failed(message) if name == "Failed" else Invalid(message)
 
