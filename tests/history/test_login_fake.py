@@ -33,6 +33,15 @@ def _posts(fake: FakeHomeserver, endpoint: str) -> int:
     return sum(1 for r in fake.requests if r.endpoint == endpoint)
 
 
+async def _logged_in(store: Path) -> tuple[FakeHomeserver, Target]:
+    """A fake with alice, logged in with `gapline login`'s work into ``store``."""
+    fake = FakeHomeserver()
+    fake.register("alice")
+    chosen = _target(fake, store)
+    assert await login(chosen, "pp", None, connect=_connect(fake)) == Exit.OK
+    return fake, chosen
+
+
 async def _stored(chosen: Target) -> Any:
     """The sealed session of the account, read with its store open."""
     return await on_store(
@@ -91,10 +100,7 @@ async def test_an_sso_only_homeserver_is_one_line_before_any_password(tmp_path: 
 
 
 async def test_a_soft_logout_asks_for_a_login_on_the_same_device(tmp_path: Path) -> None:
-    fake = FakeHomeserver()
-    fake.register("alice")
-    chosen = _target(fake, tmp_path)
-    await login(chosen, "pp", None, connect=_connect(fake))
+    fake, chosen = await _logged_in(tmp_path)
     session = await _stored(chosen)
     fake.expire(session)
     with pytest.raises(CommandError) as expired:
@@ -126,10 +132,7 @@ def test_soft_logout_is_read_from_the_error_body() -> None:
 
 
 async def test_logout_ends_the_token_and_keeps_or_deletes_the_local_data(tmp_path: Path) -> None:
-    fake = FakeHomeserver()
-    fake.register("alice")
-    chosen = _target(fake, tmp_path)
-    await login(chosen, "pp", None, connect=_connect(fake))
+    fake, chosen = await _logged_in(tmp_path)
     session = await _stored(chosen)
 
     assert await logout(chosen.account, "pp", local=False, connect=_connect(fake)) == Exit.OK
@@ -157,10 +160,7 @@ async def test_logout_ends_the_token_and_keeps_or_deletes_the_local_data(tmp_pat
 
 
 async def test_an_unreachable_homeserver_changes_nothing_at_logout(tmp_path: Path) -> None:
-    fake = FakeHomeserver()
-    fake.register("alice")
-    chosen = _target(fake, tmp_path)
-    await login(chosen, "pp", None, connect=_connect(fake))
+    fake, chosen = await _logged_in(tmp_path)
     fake.fail("logout", status=503, times=None)
     with pytest.raises(CommandError, match="still logged in, nothing changed"):
         await logout(chosen.account, "pp", local=True, connect=_connect(fake))

@@ -55,6 +55,12 @@ async def stored(directory: Path) -> Session:
     return session
 
 
+def _password_file(directory: Path, password: str = "password") -> Path:
+    path = directory / "password"
+    path.write_text(password + "\n")
+    return path
+
+
 def _file_bytes(directory: Path) -> bytes:
     return b"".join(p.read_bytes() for p in directory.iterdir() if p.is_file())
 
@@ -67,9 +73,7 @@ async def test_login_from_a_password_file_then_the_bridge_needs_no_password(
     synapse_kit: SynapseKit, tmp_path: Path
 ) -> None:
     alice = await synapse_kit.user("alice", password="s3cret pass")
-    password = tmp_path / "password"
-    password.write_text("s3cret pass\n")
-    store = tmp_path / "store"
+    password, store = _password_file(tmp_path, "s3cret pass"), tmp_path / "store"
 
     err = await login(synapse_kit, store, alice.user_id, password)
 
@@ -99,9 +103,7 @@ async def test_two_accounts_in_one_store_are_chosen_by_user_id(
 ) -> None:
     alice = await synapse_kit.user("alice")
     bob = await synapse_kit.user("bob")
-    password = tmp_path / "password"
-    password.write_text("password\n")
-    store = tmp_path / "store"
+    password, store = _password_file(tmp_path), tmp_path / "store"
     await login(synapse_kit, store, alice.user_id, password)
     await login(synapse_kit, store, bob.user_id, password)
     users = sorted([alice.user_id, bob.user_id])
@@ -129,9 +131,7 @@ async def test_logout_invalidates_the_token_and_deletes_the_device(
     synapse_kit: SynapseKit, tmp_path: Path
 ) -> None:
     alice = await synapse_kit.user("alice")
-    password = tmp_path / "password"
-    password.write_text("password\n")
-    store = tmp_path / "store"
+    password, store = _password_file(tmp_path), tmp_path / "store"
     await login(synapse_kit, store, alice.user_id, password)
     directory = store / alice.user_id[1:].replace(":", "_")
     session = await stored(directory)

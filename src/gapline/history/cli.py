@@ -43,7 +43,13 @@ from gapline.history._engine import Engine
 from gapline.history._mirror import Mirror
 from gapline.history._publish import Publisher
 from gapline.history._types import EngineConfig
-from gapline.history.cli_session import Target, sign_in, store_passphrase, target
+from gapline.history.cli_session import (
+    Target,
+    add_device_flag,
+    sign_in,
+    store_passphrase,
+    target,
+)
 from gapline.matrix import MatrixClient, MatrixError
 from gapline.storage import StorageError, WrongPassphrase
 
@@ -126,12 +132,7 @@ def add_store_flags(parser: argparse.ArgumentParser, *, default: str | None = No
         + (f" (default: {default})" if default else ""),
     )
     add_secret_flags(parser, PASSPHRASE)
-    parser.add_argument(
-        "--device-id",
-        metavar="ID",
-        default=None,
-        help="device to log in as with a password (default: the one the store remembers)",
-    )
+    add_device_flag(parser)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -51,6 +51,7 @@ __all__ = [
     "DESCRIPTION",
     "EXAMPLES",
     "Target",
+    "add_device_flag",
     "check_password_login",
     "configure",
     "keep",
@@ -249,6 +250,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add_login_flags(parser)
     add_secret_flags(parser, PASSPHRASE)
+    add_device_flag(parser)
+
+
+def add_device_flag(parser: argparse.ArgumentParser) -> None:
+    """``--device-id ID``: the device a password login asks for."""
     parser.add_argument(
         "--device-id",
         metavar="ID",
