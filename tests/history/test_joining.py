@@ -10,11 +10,15 @@ from gapline.history import (
     DeclineInvite,
     Failed,
     Invalid,
+    InviteUser,
     JoinRoom,
     LeaveRoom,
     Ok,
     OpenRoom,
     RecentHistoryKind,
+    RoomCreated,
+    SetTopic,
+    answer_from_wire,
     command_from_wire,
     to_wire,
 )
@@ -79,13 +83,36 @@ async def test_create_a_direct_encrypted_room(tmp_path, fake, alice):
         answer = await h.engine.execute(
             CreateRoom(name="us", invitees=(bob.user_id,), encrypted=True, direct=True)
         )
-        assert answer == Ok()
+        assert isinstance(answer, RoomCreated)
         direct = await client.account_data("m.direct")
         [room] = direct[bob.user_id]
+        assert answer == RoomCreated(room)
         assert await h.engine.execute(OpenRoom(room)) == Ok()
     assert membership(fake, room, bob.user_id) == "invite"
     state = fake._room(room).state
     assert state[("m.room.encryption", "")].content["algorithm"] == "m.megolm.v1.aes-sha2"
+
+
+async def test_invite_and_set_topic(tmp_path, fake, alice):
+    bob = fake.register("bob")
+    carol = fake.register("carol")
+    async with client_for(fake, alice) as client, open_engine(tmp_path, client) as h:
+        await h.engine.sync_once()
+        created = await h.engine.execute(CreateRoom(name="plans"))
+        assert isinstance(created, RoomCreated)
+        room = created.room_id
+        assert await h.engine.execute(InviteUser(room, bob.user_id)) == Ok()
+        assert await h.engine.execute(SetTopic(room, "lunch at noon")) == Ok()
+        assert isinstance(await h.engine.execute(InviteUser(room, "carol")), Invalid)
+        assert isinstance(await h.engine.execute(SetTopic("#a:x", "t")), Invalid)
+        elsewhere = fake.create_room(carol.user_id, name="not mine")
+        refused = await h.engine.execute(SetTopic(elsewhere, "mine now"))
+        assert isinstance(refused, Failed) and "cannot set the topic" in refused.message
+        refused = await h.engine.execute(InviteUser(elsewhere, bob.user_id))
+        assert isinstance(refused, Failed) and f"cannot invite {bob.user_id}" in refused.message
+    assert membership(fake, room, bob.user_id) == "invite"
+    assert fake._room(room).state[("m.room.topic", "")].content == {"topic": "lunch at noon"}
+    assert membership(fake, elsewhere, bob.user_id) is None
 
 
 def test_wire_shapes() -> None:
@@ -108,6 +135,14 @@ def test_wire_shapes() -> None:
             },
             CreateRoom("n", "t", ("@b:example.org",), encrypted=True, direct=True),
         ),
+        (
+            {"InviteUser": {"room_id": "!r:example.org", "user_id": "@b:example.org"}},
+            InviteUser("!r:example.org", "@b:example.org"),
+        ),
+        (
+            {"SetTopic": {"room_id": "!r:example.org", "topic": ""}},
+            SetTopic("!r:example.org", ""),
+        ),
     ]
     for data, command in cases:
         assert command_from_wire(data) == command
@@ -118,9 +153,25 @@ def test_wire_shapes() -> None:
         {"LeaveRoom": {"room_id": "#a:x"}},
         {"CreateRoom": {"invitees": ["bob"]}},
         {"CreateRoom": {"encrypted": "yes"}},
+        {"InviteUser": {"room_id": "!r:x", "user_id": "bob"}},
+        {"InviteUser": {"room_id": "!r:x"}},
+        {"SetTopic": {"room_id": "!r:x", "topic": 3}},
+        {"SetTopic": {"room_id": "r", "topic": "t"}},
     ):
         try:
             command_from_wire(bad)
+        except WireError:
+            continue
+        raise AssertionError(f"accepted {bad}")
+
+
+def test_room_created_answer_on_the_wire() -> None:
+    answer = RoomCreated("!new:example.org")
+    assert to_wire(answer) == {"RoomCreated": {"room_id": "!new:example.org"}}
+    assert answer_from_wire(to_wire(answer)) == answer
+    for bad in ({"RoomCreated": {}}, {"RoomCreated": {"room_id": "x"}}, "RoomCreated"):
+        try:
+            answer_from_wire(bad)
         except WireError:
             continue
         raise AssertionError(f"accepted {bad}")

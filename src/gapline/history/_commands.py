@@ -11,12 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
+MSGTYPES = ("m.text", "m.emote", "m.notice")
+"""The message types ``SendMessage`` sends: a message, an action (``/me``), a notice."""
+
 __all__ = [
+    "MSGTYPES",
     "AcceptInvite",
+    "AcceptVerification",
     "Cancel",
     "CancelSend",
+    "CancelVerification",
     "CloseRoom",
     "Command",
+    "ConfirmVerification",
     "CreateRoom",
     "DeclineInvite",
     "DumpState",
@@ -24,6 +31,7 @@ __all__ = [
     "FillGap",
     "HistoryRepair",
     "HistoryRepairCommand",
+    "InviteUser",
     "JoinRoom",
     "LeaveRoom",
     "MarkRead",
@@ -35,9 +43,11 @@ __all__ = [
     "RetrySend",
     "SendMessage",
     "SendReaction",
+    "SetTopic",
     "SetTyping",
     "ShrinkTimeline",
     "Shutdown",
+    "StartVerification",
 ]
 
 
@@ -91,12 +101,23 @@ class HistoryRepair:
 @dataclass(frozen=True, slots=True)
 class SendMessage:
     """Send a text message; ``in_reply_to`` quotes an event, ``thread_root`` posts it in
-    that event's thread (both optional, and absent from the wire when unset)."""
+    that event's thread (both optional, and absent from the wire when unset).
+
+    ``msgtype`` is one of :data:`MSGTYPES` (``m.emote`` is what ``/me`` sends);
+    ``markdown`` renders ``body`` as markdown into a ``formatted_body`` (HTML) when it
+    has any markup, the body staying the source as typed.
+    """
 
     room_id: str
     body: str
     in_reply_to: str | None = None
     thread_root: str | None = None
+    msgtype: str = "m.text"
+    markdown: bool = False
+
+    def __post_init__(self) -> None:
+        if self.msgtype not in MSGTYPES:
+            raise ValueError(f"SendMessage.msgtype must be one of {MSGTYPES}, got {self.msgtype!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,15 +257,67 @@ class DeclineInvite:
 
 
 @dataclass(frozen=True, slots=True)
+class InviteUser:
+    """Invite ``user_id`` to a room this account is in; ``Ok`` once the homeserver sent it."""
+
+    room_id: str
+    user_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetTopic:
+    """Set a room's topic (an empty topic removes it); ``Ok`` once the homeserver has it."""
+
+    room_id: str
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
 class CreateRoom:
     """Create a private room and invite ``invitees``; ``encrypted`` turns on end-to-end
-    encryption from the start, ``direct`` makes it a direct chat (``m.direct``)."""
+    encryption from the start, ``direct`` makes it a direct chat (``m.direct``). Answers
+    ``RoomCreated`` with the new room's id."""
 
     name: str | None = None
     topic: str | None = None
     invitees: tuple[str, ...] = ()
     encrypted: bool = False
     direct: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StartVerification:
+    """Ask to verify ``user_id`` interactively (emoji or numbers): one of its devices
+    (``device_id``), else every device it has (over to-device), or, with ``room_id``, in
+    that room (the way to verify another user in a shared room). ``Ok`` once the request
+    is out; the flow shows in ``VerificationChanged`` events."""
+
+    user_id: str
+    device_id: str | None = None
+    room_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptVerification:
+    """Agree to a verification another device asked for (its request, or its start)."""
+
+    flow_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmVerification:
+    """The person compared the emoji (or numbers): ``matches`` says they are the same
+    on both screens; ``False`` ends the flow and tells the other side so."""
+
+    flow_id: str
+    matches: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CancelVerification:
+    """End a verification that has not finished (the other side is told)."""
+
+    flow_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,4 +352,10 @@ Command: TypeAlias = (
     | AcceptInvite
     | DeclineInvite
     | CreateRoom
+    | StartVerification
+    | AcceptVerification
+    | ConfirmVerification
+    | CancelVerification
+    | InviteUser
+    | SetTopic
 )

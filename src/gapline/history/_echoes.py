@@ -17,6 +17,7 @@ seen and can be retried or discarded; its body says what it was ("reaction 👍"
 from __future__ import annotations
 
 from gapline.history._items import EventItem, SendState
+from gapline.history._render import formatting_of
 from gapline.history._send_store import QueuedSend, SendRow
 from gapline.history._updates import EchoPlaced, EchoRemoved
 
@@ -54,6 +55,7 @@ def echo_item(queued: QueuedSend, me: str | None) -> EventItem:
         if queued.state is SendRow.FAILED
         else SendState.PENDING
     )
+    msgtype, html = formatting_of(queued.content) if queued.is_message else (None, None)
     return EventItem(
         id=row_id,
         event_id=queued.event_id or row_id,
@@ -62,6 +64,8 @@ def echo_item(queued: QueuedSend, me: str | None) -> EventItem:
         event_type=queued.event_type,
         body=_what(queued),
         send_state=state,
+        msgtype=msgtype,
+        formatted_body=html,
     )
 
 

@@ -165,7 +165,10 @@ class EventItem:
     changed ("joined the room"). ``receipts`` lists the users whose read
     receipt sits on this row. ``sender_name`` is the sender's display name in
     the room as of the event (``None``: none known), disambiguated with the
-    user id when another member had the same name. ``encrypted`` says the event
+    user id when another member had the same name. ``msgtype`` is a message's type
+    (``m.text``, ``m.emote``, ``m.notice``, ...; ``None`` for other events) and
+    ``formatted_body`` its HTML (``org.matrix.custom.html``, of the visible revision,
+    as the sender wrote it: a reader must sanitise it), ``None`` when it has none. ``encrypted`` says the event
     arrived as ``m.room.encrypted``; ``decryption`` is set (and ``body`` is
     ``None``) while it could not be decrypted. ``send_state`` is ``None`` for an
     event the server ordered, and set on a local echo: a message queued here and not
@@ -188,6 +191,8 @@ class EventItem:
     encrypted: bool = False
     decryption: Undecrypted | None = None
     send_state: SendState | None = None
+    msgtype: str | None = None
+    formatted_body: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,5 +1,6 @@
-"""Commands that change which rooms the account is in: join (by id or alias), leave,
-accept or decline an invite, create a room.
+"""Commands that change which rooms the account is in (join by id or alias, leave,
+accept or decline an invite, create a room) and who else is, and what a room says of
+itself (invite a user, set the topic).
 
 Each answers once the homeserver made the change (a join is then durable on
 the server, and the room can be opened at once: the engine counts it as joined
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gapline.history._failures import describe
-from gapline.history._types import Answer, Failed, Invalid, Ok
+from gapline.history._types import Answer, Failed, Invalid, Ok, RoomCreated
 from gapline.history._walks import OFFLINE
 from gapline.matrix import Forbidden, MatrixClient, MatrixError, MatrixHTTPError, NotFound
 
@@ -30,6 +31,12 @@ def room_problem(room: str, *, alias: bool) -> str | None:
         return None
     wanted = "a room id (!opaque or !opaque:server) or an alias (#name:server)"
     return f"not {wanted if alias else 'a room id (!opaque or !opaque:server)'}: {room!r}"
+
+
+def _user_problem(user: str) -> str | None:
+    if isinstance(user, str) and user.startswith("@") and ":" in user:
+        return None
+    return f"not a Matrix user id: {user!r} (expected @name:server)"
 
 
 def _refusal(action: str, room: str, exc: MatrixError) -> str:
@@ -103,8 +110,9 @@ class Joining:
         direct: bool,
     ) -> Answer:
         for user in invitees:
-            if not (isinstance(user, str) and user.startswith("@") and ":" in user):
-                return Invalid(f"not a Matrix user id: {user!r} (expected @name:server)")
+            problem = _user_problem(user)
+            if problem is not None:
+                return Invalid(problem)
         if self._client is None:
             return Failed(OFFLINE)
         state: list[dict[str, Any]] = []
@@ -130,6 +138,40 @@ class Joining:
         except MatrixError as exc:
             return Failed(f"cannot create the room: {describe(exc)}")
         self._joined(room_id)
+        return RoomCreated(room_id)
+
+    async def invite(self, room_id: str, user_id: str) -> Answer:
+        problem = room_problem(room_id, alias=False) or _user_problem(user_id)
+        if problem is not None:
+            return Invalid(problem)
+        if self._client is None:
+            return Failed(OFFLINE)
+        try:
+            await self._client.invite(room_id, user_id)
+        except Forbidden as exc:
+            return Failed(
+                f"cannot invite {user_id} to {room_id}: the homeserver does not allow it"
+                f" (not in the room, not allowed to invite, or they are banned: {exc.error or exc})"
+            )
+        except MatrixError as exc:
+            return Failed(f"cannot invite {user_id} to {room_id}: {describe(exc)}")
+        return Ok()
+
+    async def set_topic(self, room_id: str, topic: str) -> Answer:
+        problem = room_problem(room_id, alias=False)
+        if problem is not None:
+            return Invalid(problem)
+        if self._client is None:
+            return Failed(OFFLINE)
+        try:
+            await self._client.put_state(room_id, "m.room.topic", {"topic": topic})
+        except Forbidden as exc:
+            return Failed(
+                f"cannot set the topic of {room_id}: the homeserver does not allow it"
+                f" (not in the room, or not allowed to change it: {exc.error or exc})"
+            )
+        except MatrixError as exc:
+            return Failed(f"cannot set the topic of {room_id}: {describe(exc)}")
         return Ok()
 
     async def _mark_direct(self, room_id: str, invitees: tuple[str, ...]) -> None:

@@ -30,10 +30,19 @@ from gapline.history._items import (
     ThreadLatest,
     ThreadSummary,
 )
+from gapline.history._markdown import HTML_FORMAT
 from gapline.history._relations import is_redacted, reply_target, strip_reply_fallback
 from gapline.matrix import ClientEvent
 
-__all__ = ["first_line", "preview_of", "render", "reply_preview", "state_words", "text_of"]
+__all__ = [
+    "first_line",
+    "formatting_of",
+    "preview_of",
+    "render",
+    "reply_preview",
+    "state_words",
+    "text_of",
+]
 
 
 def first_line(text: str | None, limit: int = 120) -> str | None:
@@ -138,6 +147,16 @@ def text_of(event: ClientEvent, content: dict[str, Any]) -> str | None:
     return strip_reply_fallback(body) if reply_target(event) is not None else body
 
 
+def formatting_of(content: dict[str, Any]) -> tuple[str | None, str | None]:
+    """A message content's ``msgtype`` and its HTML ``formatted_body`` (``None`` each when
+    absent, or the body is in another format)."""
+    msgtype = content.get("msgtype")
+    html = content.get("formatted_body")
+    if content.get("format") != HTML_FORMAT or not isinstance(html, str):
+        html = None
+    return (msgtype if isinstance(msgtype, str) and msgtype else None), html
+
+
 def _reactions(aggregate: Aggregate) -> tuple[Reaction, ...]:
     by_key: dict[str, list[str]] = {}
     for annotation in aggregate.annotations:
@@ -185,21 +204,26 @@ def render(
     redacted = is_redacted(event) or (aggregate is not None and aggregate.redacted_by is not None)
     edited = False
     body: str | None = None
+    content: dict[str, Any] | None = None
     if redacted:
         pass
     elif event.state_key is not None:
         body = state_words(event)
     elif aggregate is None:
-        body = text_of(event, event.content)  # most rows: nothing relates to them
+        content = event.content  # most rows: nothing relates to them
     else:
         visible = visible_revision(aggregate, event.sender, event.type)
         if visible.lost:
             edited, redacted = True, True
         elif visible.revision is not None:
             edited = True
-            body = text_of(event, visible.revision.content)
+            content = visible.revision.content
         else:
-            body = text_of(event, event.content)
+            content = event.content
+    msgtype, html = None, None
+    if content is not None:
+        body = text_of(event, content)
+        msgtype, html = formatting_of(content)
     encrypted, undecrypted = decryption_of(event)
     return EventItem(
         id=event.event_id,
@@ -216,6 +240,8 @@ def render(
         thread_summary=None if aggregate is None else _thread(aggregate, event.sender, me),
         encrypted=encrypted,
         decryption=None if redacted else undecrypted,
+        msgtype=msgtype,
+        formatted_body=html,
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
 from gapline.history._failures import describe
+from gapline.history._markdown import HTML_FORMAT, formatted_body
 from gapline.history._relations import RelKind, is_redacted, relation_of
 from gapline.history._send_queue import SendQueue
 from gapline.history._types import (
@@ -70,7 +71,11 @@ class Sending:
         return Ok()
 
     async def message(self, command: SendMessage) -> Answer:
-        content: dict[str, Any] = {"msgtype": "m.text", "body": command.body}
+        content: dict[str, Any] = {"msgtype": command.msgtype, "body": command.body}
+        html = formatted_body(command.body) if command.markdown else None
+        if html is not None:
+            content["format"] = HTML_FORMAT
+            content["formatted_body"] = html
         reply, root = command.in_reply_to, command.thread_root
         if root is not None:
             # A thread reply quotes the thread's newest event unless it answers one in

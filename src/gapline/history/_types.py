@@ -34,10 +34,13 @@ from typing import ClassVar, TypeAlias
 
 from gapline.history._commands import (
     AcceptInvite,
+    AcceptVerification,
     Cancel,
     CancelSend,
+    CancelVerification,
     CloseRoom,
     Command,
+    ConfirmVerification,
     CreateRoom,
     DeclineInvite,
     DumpState,
@@ -45,6 +48,7 @@ from gapline.history._commands import (
     FillGap,
     HistoryRepair,
     HistoryRepairCommand,
+    InviteUser,
     JoinRoom,
     LeaveRoom,
     MarkRead,
@@ -56,9 +60,11 @@ from gapline.history._commands import (
     RetrySend,
     SendMessage,
     SendReaction,
+    SetTopic,
     SetTyping,
     ShrinkTimeline,
     Shutdown,
+    StartVerification,
 )
 from gapline.history._items import (
     READ_MARKER_ID,
@@ -78,17 +84,21 @@ from gapline.history._items import (
     Undecrypted,
     UtdReason,
 )
+from gapline.history._verifying_types import VerificationChanged, VerificationPhase
 
 __all__ = [
     "READ_MARKER_ID",
     "AcceptInvite",
+    "AcceptVerification",
     "Answer",
     "Append",
     "Cancel",
     "CancelSend",
+    "CancelVerification",
     "Clear",
     "CloseRoom",
     "Command",
+    "ConfirmVerification",
     "Continuity",
     "CreateRoom",
     "DeclineInvite",
@@ -111,6 +121,7 @@ __all__ = [
     "Insert",
     "Interrupted",
     "Invalid",
+    "InviteUser",
     "JoinRoom",
     "LeaveRoom",
     "MarkRead",
@@ -136,6 +147,7 @@ __all__ = [
     "RetryRecent",
     "RetrySend",
     "RoomBusy",
+    "RoomCreated",
     "RoomNotOpen",
     "SendMessage",
     "SendQueueChanged",
@@ -143,9 +155,11 @@ __all__ = [
     "SendState",
     "SendStateKind",
     "Set",
+    "SetTopic",
     "SetTyping",
     "ShrinkTimeline",
     "Shutdown",
+    "StartVerification",
     "ThreadLatest",
     "ThreadSummary",
     "TimelineChanged",
@@ -156,6 +170,8 @@ __all__ = [
     "Undecrypted",
     "UtdReason",
     "VectorDiff",
+    "VerificationChanged",
+    "VerificationPhase",
     "apply_diff",
     "apply_diffs",
 ]
@@ -427,7 +443,16 @@ class Invalid:
     message: str
 
 
-Answer: TypeAlias = Ok | RoomBusy | Interrupted | EventNotFound | RoomNotOpen | Failed | Invalid
+@dataclass(frozen=True, slots=True)
+class RoomCreated:
+    """``CreateRoom`` made the room: its id (the room opens at once)."""
+
+    room_id: str
+
+
+Answer: TypeAlias = (
+    Ok | RoomBusy | Interrupted | EventNotFound | RoomNotOpen | Failed | Invalid | RoomCreated
+)
 
 
 # --------------------------------------------------------------------------- events
@@ -528,4 +553,5 @@ Event: TypeAlias = (
     | TypingChanged
     | MembersChanged
     | SendQueueChanged
+    | VerificationChanged
 )

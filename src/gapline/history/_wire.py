@@ -20,11 +20,14 @@ from typing import Any
 from gapline.history._mirror import State
 from gapline.history._types import (
     AcceptInvite,
+    AcceptVerification,
     Append,
     Cancel,
     CancelSend,
+    CancelVerification,
     Clear,
     CloseRoom,
+    ConfirmVerification,
     CreateRoom,
     DeclineInvite,
     DumpState,
@@ -41,6 +44,7 @@ from gapline.history._types import (
     Insert,
     Interrupted,
     Invalid,
+    InviteUser,
     JoinRoom,
     LeaveRoom,
     MarkRead,
@@ -62,6 +66,7 @@ from gapline.history._types import (
     RetryRecent,
     RetrySend,
     RoomBusy,
+    RoomCreated,
     RoomNotOpen,
     SendMessage,
     SendQueueChanged,
@@ -69,9 +74,11 @@ from gapline.history._types import (
     SendState,
     SendStateKind,
     Set,
+    SetTopic,
     SetTyping,
     ShrinkTimeline,
     Shutdown,
+    StartVerification,
     ThreadSummary,
     TimelineChanged,
     TimelineItem,
@@ -79,6 +86,7 @@ from gapline.history._types import (
     TypingChanged,
     Undecrypted,
     VectorDiff,
+    VerificationChanged,
 )
 
 __all__ = ["Json", "WireError", "dumps", "loads", "to_wire"]
@@ -228,6 +236,8 @@ def _item(item: TimelineItem) -> dict[str, Json]:
                     thread_summary=None
                     if item.thread_summary is None
                     else _thread(item.thread_summary),
+                    msgtype=item.msgtype,
+                    formatted_body=item.formatted_body,
                 ),
             )
         case HistoryGapItem():
@@ -287,6 +297,23 @@ def _state(state: State) -> dict[str, Json]:
     )
 
 
+def _verification(v: VerificationChanged) -> dict[str, Json]:
+    return {
+        "flow_id": v.flow_id,
+        "other_user": v.other_user,
+        "other_device": v.other_device,
+        "room_id": v.room_id,
+        "state": v.state.value,
+        "outgoing": v.outgoing,
+        "emoji": None if v.emoji is None else [list(pair) for pair in v.emoji],
+        "decimals": None if v.decimals is None else list(v.decimals),
+        "cancel_code": v.cancel_code,
+        "cancel_reason": v.cancel_reason,
+        "cancelled_by_us": v.cancelled_by_us,
+        "cross_signed": v.cross_signed,
+    }
+
+
 def to_wire(value: object) -> Json:
     """The JSON data of any protocol value: command, answer, event, item, diff, report, state."""
     match value:
@@ -306,7 +333,13 @@ def to_wire(value: object) -> Json:
         case SendMessage(room_id=room_id, body=body, in_reply_to=reply, thread_root=root):
             return _tag(
                 "SendMessage",
-                _with({"room_id": room_id, "body": body}, in_reply_to=reply, thread_root=root),
+                _with(
+                    {"room_id": room_id, "body": body},
+                    in_reply_to=reply,
+                    thread_root=root,
+                    msgtype=None if value.msgtype == "m.text" else value.msgtype,
+                    markdown=value.markdown or None,
+                ),
             )
         case PaginateBackwards(room_id=room_id, count=count, thread_root=root):
             return _tag(
@@ -340,6 +373,10 @@ def to_wire(value: object) -> Json:
             return _tag("JoinRoom", {"room": room})
         case LeaveRoom(room_id=room_id):
             return _tag("LeaveRoom", {"room_id": room_id})
+        case InviteUser(room_id=room_id, user_id=user_id):
+            return _tag("InviteUser", {"room_id": room_id, "user_id": user_id})
+        case SetTopic(room_id=room_id, topic=topic):
+            return _tag("SetTopic", {"room_id": room_id, "topic": topic})
         case AcceptInvite(room_id=room_id):
             return _tag("AcceptInvite", {"room_id": room_id})
         case DeclineInvite(room_id=room_id):
@@ -356,6 +393,16 @@ def to_wire(value: object) -> Json:
                     direct=direct or None,
                 ),
             )
+        case StartVerification(user_id=user, device_id=device, room_id=room):
+            return _tag("StartVerification", _with({"user_id": user}, device_id=device,
+                                                   room_id=room))  # fmt: skip
+        case AcceptVerification(flow_id=flow):
+            return _tag("AcceptVerification", {"flow_id": flow})
+        case ConfirmVerification(flow_id=flow, matches=matches):
+            return _tag("ConfirmVerification", _with({"flow_id": flow},
+                                                     matches=None if matches else False))  # fmt: skip
+        case CancelVerification(flow_id=flow):
+            return _tag("CancelVerification", {"flow_id": flow})
         case Shutdown():
             return "Shutdown"
         case DumpState():
@@ -375,6 +422,8 @@ def to_wire(value: object) -> Json:
             return _tag("Failed", message)
         case Invalid(message=message):
             return _tag("Invalid", message)
+        case RoomCreated(room_id=room_id):
+            return _tag("RoomCreated", {"room_id": room_id})
         # events
         case RecentHistoryChanged(room_id=room_id, state=state):
             return _tag("RecentHistoryChanged", {"room_id": room_id, "state": _recent_state(state)})
@@ -398,6 +447,8 @@ def to_wire(value: object) -> Json:
             )
         case SendQueueChanged(pending=pending, failed=failed):
             return _tag("SendQueueChanged", {"pending": pending, "failed": failed})
+        case VerificationChanged():
+            return _tag("VerificationChanged", _verification(value))
         # parts
         case EventItem() | HistoryGapItem() | ReadMarkerItem():
             return _item(value)

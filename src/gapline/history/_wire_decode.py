@@ -10,7 +10,7 @@ answers it as ``{"Invalid": message}``. Each decoder is the inverse of
 
 Fields added after the first protocol version are optional on input (a
 command written without them means what it meant before): ``SendMessage``'s
-``in_reply_to`` and ``thread_root``, ``PaginateBackwards``' ``thread_root``,
+``in_reply_to``, ``thread_root``, ``msgtype`` and ``markdown``, ``PaginateBackwards``' ``thread_root``,
 ``TimelineReset``/``TimelineChanged``'s ``thread_root``, and the state's
 ``threads``, ``typing`` and ``members``.
 """
@@ -21,14 +21,18 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import TypeVar
 
+from gapline.history._commands import MSGTYPES
 from gapline.history._mirror import State
 from gapline.history._types import (
     AcceptInvite,
+    AcceptVerification,
     Answer,
     Cancel,
     CancelSend,
+    CancelVerification,
     CloseRoom,
     Command,
+    ConfirmVerification,
     Continuity,
     CreateRoom,
     DeclineInvite,
@@ -43,6 +47,7 @@ from gapline.history._types import (
     HistoryRepairReport,
     Interrupted,
     Invalid,
+    InviteUser,
     JoinRoom,
     LeaveRoom,
     MarkRead,
@@ -61,16 +66,21 @@ from gapline.history._types import (
     RetryRecent,
     RetrySend,
     RoomBusy,
+    RoomCreated,
     RoomNotOpen,
     SendMessage,
     SendQueueChanged,
     SendReaction,
+    SetTopic,
     SetTyping,
     ShrinkTimeline,
     Shutdown,
+    StartVerification,
     TimelineChanged,
     TimelineReset,
     TypingChanged,
+    VerificationChanged,
+    VerificationPhase,
 )
 from gapline.history._wire import Json, WireError
 from gapline.history._wire_fields import (
@@ -126,6 +136,12 @@ _COMMAND_DATAS = (
     "AcceptInvite",
     "DeclineInvite",
     "CreateRoom",
+    "StartVerification",
+    "AcceptVerification",
+    "ConfirmVerification",
+    "CancelVerification",
+    "InviteUser",
+    "SetTopic",
 )
 
 
@@ -144,11 +160,42 @@ def _room_or_alias(value: Json, where: str) -> str:
 
 
 def _user_ids(value: Json, where: str) -> tuple[str, ...]:
-    users = str_list(value, where)
-    for user in users:
-        if not (user.startswith("@") and ":" in user):
-            raise WireError(f"{where}: expected Matrix user ids (@name:server), got {user!r}")
-    return users
+    return tuple(_user_id(user, where) for user in str_list(value, where))
+
+
+def _user_id(value: Json, where: str) -> str:
+    user = str_(value, where)
+    if not (user.startswith("@") and ":" in user):
+        raise WireError(f"{where}: expected a Matrix user id (@name:server), got {user!r}")
+    return user
+
+
+def _msgtype(value: Json, where: str) -> str:
+    text = str_(value, where)
+    if text not in MSGTYPES:
+        raise WireError(f"{where}: expected one of {', '.join(MSGTYPES)}, got {text!r}")
+    return text
+
+
+def _device_id(value: Json, where: str) -> str:
+    return nonempty(value, where)
+
+
+def _verification_command(name: str, payload: Json, at: str) -> Command:
+    if name == "StartVerification":
+        f = Fields(payload, at, ("user_id",), ("device_id", "room_id"))
+        return StartVerification(
+            f.get("user_id", _user_id),
+            device_id=f.opt("device_id", _device_id),
+            room_id=f.opt("room_id", room_id),
+        )
+    if name == "ConfirmVerification":
+        f = Fields(payload, at, ("flow_id",), ("matches",))
+        return ConfirmVerification(
+            f.get("flow_id", nonempty), matches=f.opt("matches", bool_, True) is not False
+        )
+    kind = AcceptVerification if name == "AcceptVerification" else CancelVerification
+    return kind(Fields(payload, at, ("flow_id",)).get("flow_id", nonempty))
 
 
 def command_from_wire(value: Json, where: str = "command") -> Command:
@@ -165,12 +212,19 @@ def command_from_wire(value: Json, where: str = "command") -> Command:
         case "CloseRoom":
             return CloseRoom(Fields(payload, at, ("room_id",)).get("room_id", room_id))
         case "SendMessage":
-            f = Fields(payload, at, ("room_id", "body"), ("in_reply_to", "thread_root"))
+            f = Fields(
+                payload,
+                at,
+                ("room_id", "body"),
+                ("in_reply_to", "thread_root", "msgtype", "markdown"),
+            )
             return SendMessage(
                 f.get("room_id", room_id),
                 f.get("body", str_),
                 in_reply_to=f.opt("in_reply_to", event_id),
                 thread_root=f.opt("thread_root", event_id),
+                msgtype=f.opt("msgtype", _msgtype, "m.text") or "m.text",
+                markdown=bool(f.opt("markdown", bool_)),
             )
         case "PaginateBackwards":
             f = Fields(payload, at, ("room_id", "count"), ("thread_root",))
@@ -225,6 +279,19 @@ def command_from_wire(value: Json, where: str = "command") -> Command:
                 encrypted=bool(f.opt("encrypted", bool_)),
                 direct=bool(f.opt("direct", bool_)),
             )
+        case (
+            "StartVerification"
+            | "AcceptVerification"
+            | "ConfirmVerification"
+            | "CancelVerification"
+        ):
+            return _verification_command(name, payload, at)
+        case "InviteUser":
+            f = Fields(payload, at, ("room_id", "user_id"))
+            return InviteUser(f.get("room_id", room_id), f.get("user_id", _user_id))
+        case "SetTopic":
+            f = Fields(payload, at, ("room_id", "topic"))
+            return SetTopic(f.get("room_id", room_id), f.get("topic", str_))
         case "RetrySend" | "CancelSend":
             f = Fields(payload, at, ("room_id", "id"))
             kind = RetrySend if name == "RetrySend" else CancelSend
@@ -250,9 +317,14 @@ _ANSWER_UNITS: dict[str, Answer] = {
 
 def answer_from_wire(value: Json, where: str = "answer") -> Answer:
     """Decode an answer; raises :class:`WireError`."""
-    name, payload = variant(value, where, tuple(_ANSWER_UNITS), ("Failed", "Invalid"))
+    name, payload = variant(
+        value, where, tuple(_ANSWER_UNITS), ("Failed", "Invalid", "RoomCreated")
+    )
     if name in _ANSWER_UNITS:
         return _ANSWER_UNITS[name]
+    if name == "RoomCreated":
+        f = Fields(payload, f"{where}.{name}", ("room_id",))
+        return RoomCreated(f.get("room_id", room_id))
     message = str_(payload, f"{where}.{name}")
     return Failed(message) if name == "Failed" else Invalid(message)
 
@@ -296,6 +368,7 @@ _EVENTS = (
     "TypingChanged",
     "MembersChanged",
     "SendQueueChanged",
+    "VerificationChanged",
 )
 
 
@@ -327,9 +400,52 @@ def event_from_wire(value: Json, where: str = "event") -> Event:
         case "SendQueueChanged":
             f = Fields(payload, at, ("pending", "failed"))
             return SendQueueChanged(f.get("pending", count), f.get("failed", count))
+        case "VerificationChanged":
+            return _verification_event(payload, at)
         case _:  # MembersChanged
             f = Fields(payload, at, ("room_id", "members"))
             return MembersChanged(f.get("room_id", str_), f.get("members", _members))
+
+
+_VERIFICATION_OPTIONAL = ("other_device", "room_id", "outgoing", "emoji", "decimals",
+                          "cancel_code", "cancel_reason", "cancelled_by_us", "cross_signed")  # fmt: skip
+
+
+def _emoji(value: Json, where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list):
+        raise WireError(f"{where}: expected an array, got {describe(value)}")
+    pairs = []
+    for i, pair in enumerate(value):
+        texts = str_list(pair, f"{where}[{i}]")
+        if len(texts) != 2:
+            raise WireError(f"{where}[{i}]: expected [symbol, name], got {describe(pair)}")
+        pairs.append((texts[0], texts[1]))
+    return tuple(pairs)
+
+
+def _decimals(value: Json, where: str) -> tuple[int, int, int]:
+    if not isinstance(value, list) or len(value) != 3:
+        raise WireError(f"{where}: expected three numbers, got {describe(value)}")
+    a, b, c = (count(v, f"{where}[{i}]") for i, v in enumerate(value))
+    return (a, b, c)
+
+
+def _verification_event(payload: Json, at: str) -> VerificationChanged:
+    f = Fields(payload, at, ("flow_id", "other_user", "state"), _VERIFICATION_OPTIONAL)
+    return VerificationChanged(
+        flow_id=f.get("flow_id", nonempty),
+        other_user=f.get("other_user", str_),
+        other_device=f.opt("other_device", str_),
+        room_id=f.opt("room_id", str_),
+        state=f.get("state", enum_of(VerificationPhase)),
+        outgoing=bool(f.opt("outgoing", bool_)),
+        emoji=f.opt("emoji", _emoji),
+        decimals=f.opt("decimals", _decimals),
+        cancel_code=f.opt("cancel_code", str_),
+        cancel_reason=f.opt("cancel_reason", str_),
+        cancelled_by_us=bool(f.opt("cancelled_by_us", bool_)),
+        cross_signed=bool(f.opt("cross_signed", bool_)),
+    )
 
 
 def _map(value: Json, where: str, check: Callable[[Json, str], T]) -> dict[str, T]:

@@ -2,7 +2,7 @@
 
 An ``Event`` item's fields added after the first protocol version
 (``sender_name``, ``in_reply_to``, ``reactions``, ``thread_summary``,
-``encrypted``, ``decryption``) are optional: a row written without them
+``encrypted``, ``decryption``, ``msgtype``, ``formatted_body``) are optional: a row written without them
 decodes with their defaults.
 """
 
@@ -69,6 +69,8 @@ _EVENT_ITEM_OPTIONAL = (
     "encrypted",
     "decryption",
     "send_state",
+    "msgtype",
+    "formatted_body",
 )
 _GAP_FIELDS = ("id", "older_boundary", "newer_boundary", "lifecycle", "failure")
 _PREVIEW_FIELDS = ("event_id", "sender", "sender_name", "body", "redacted")
@@ -169,6 +171,8 @@ def item_from_wire(value: Json, where: str = "item") -> TimelineItem:
             encrypted=f.opt("encrypted", bool_, False) or False,
             decryption=f.opt("decryption", _decryption),
             send_state=f.opt("send_state", _send_state),
+            msgtype=f.opt("msgtype", nonempty),
+            formatted_body=f.opt("formatted_body", str_),
         )
     if name == "HistoryGap":
         f = Fields(payload, at, _GAP_FIELDS)

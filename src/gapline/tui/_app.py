@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import webbrowser
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from datetime import tzinfo
-from typing import Protocol
 
-from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.events import Resize
 from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Input, Label, OptionList, ProgressBar, Static
-from textual.widgets.option_list import Option
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from gapline.history import (
@@ -40,7 +38,6 @@ from gapline.history import (
     Command,
     EventItem,
     EventNotFound,
-    EventSink,
     Failed,
     FillGap,
     HistoryRepair,
@@ -65,56 +62,36 @@ from gapline.history import (
     TimelineReset,
     TypingChanged,
     VectorDiff,
+    VerificationChanged,
 )
-from gapline.history import Event as EngineEventValue
-from gapline.history.rooms import RoomDirectory, RoomSummary
+from gapline.history.rooms import RoomDirectory
 from gapline.tui._actions import PLACEHOLDER, RowActions
-from gapline.tui._encryption import LOCK, CryptoView, device_list, room_encrypted
-from gapline.tui._text import (
-    FillProgress,
-    queue_label,
-    recent_label,
-    sender_colour,
-    sender_label,
-    typing_label,
+from gapline.tui._config import TuiConfig
+from gapline.tui._connection import Reachability
+from gapline.tui._engine_link import (
+    AppSink,
+    Connect,
+    EngineEvent,
+    EngineHandle,
+    RoomsChanged,
+    command_room,
 )
+from gapline.tui._help import HelpScreen
+from gapline.tui._keys import BINDINGS as KEYS
+from gapline.tui._keys import help_rows
+from gapline.tui._links import RowLinks
+from gapline.tui._panels import Panels
+from gapline.tui._room_list import RoomList
+from gapline.tui._search import TimelineSearch
+from gapline.tui._status import StatusLines
+from gapline.tui._switching import RoomSwitching
+from gapline.tui._text import FillProgress
 from gapline.tui._timeline import TimelineView
+from gapline.tui._verification import Verification
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Connect", "EngineHandle", "GaplineApp"]
-
-
-class EngineHandle(Protocol):
-    """What the app needs of an engine: run a command, get its answer."""
-
-    async def execute(self, command: Command) -> Answer: ...
-
-
-Connect = Callable[[EventSink], AbstractAsyncContextManager[EngineHandle]]
-"""Opens an engine that publishes into the given sink; closing it closes the engine."""
-
-
-class EngineEvent(Message):
-    """One published engine event, delivered on the app's message queue."""
-
-    def __init__(self, event: EngineEventValue) -> None:
-        super().__init__()
-        self.event = event
-
-
-class RoomsChanged(Message):
-    """The room directory changed (a sync renamed a room, brought unread counts, ...)."""
-
-
-class _AppSink:
-    """The app's EventSink: hands each event to the app's message queue, in order."""
-
-    def __init__(self, app: GaplineApp) -> None:
-        self._app = app
-
-    async def publish(self, event: EngineEventValue) -> None:
-        self._app.post_message(EngineEvent(event))
 
 
 def _inserted_events(diffs: tuple[VectorDiff, ...]) -> int:
@@ -124,14 +101,28 @@ def _inserted_events(diffs: tuple[VectorDiff, ...]) -> int:
     )
 
 
-class GaplineApp(RowActions, App[int]):
+class ReachabilityChanged(Message):
+    """The homeserver stopped or started answering."""
+
+
+class GaplineApp(
+    RowActions,
+    RowLinks,
+    RoomList,
+    RoomSwitching,
+    TimelineSearch,
+    Panels,
+    StatusLines,
+    Verification,
+    App[int],
+):
     """``gapline tui``: read rooms, see every gap where it is, fill it with one key."""
 
     TITLE = "gapline"
     CSS = """
     Screen { layout: vertical; }
     #main { height: 1fr; }
-    #rooms { width: 22; height: 1fr; border: none; border-right: solid $panel-lighten-2; }
+    #rooms { width: 24; height: 1fr; border: none; border-right: solid $panel-lighten-2; }
     #rooms:focus { border-right: solid $accent; }
     #room { width: 1fr; height: 1fr; }
     #room-title { height: 1; padding: 0 1; background: $panel; color: $text; text-style: bold; }
@@ -142,6 +133,12 @@ class GaplineApp(RowActions, App[int]):
     #fill Bar { width: 12; }
     #status { height: 1; padding: 0 1; background: $panel; color: $text-muted; }
     #status.-failed { color: $text-error; }
+    #status.-offline { color: $text-warning; text-style: bold; }
+    #search-bar { height: 1; display: none; background: $surface; }
+    #search-bar.-shown { display: block; }
+    #search { width: 1fr; height: 1; border: none; padding: 0 1; background: $surface; }
+    #search:focus { border: none; background: $boost; }
+    #search-info { width: auto; padding: 0 1; color: $text-muted; }
     #compose { height: 1; border: none; padding: 0 1; background: $surface; }
     #compose:focus { border: none; background: $boost; }
     #typing { height: 1; padding: 0 1; color: $text-muted; text-style: italic; display: none; }
@@ -151,25 +148,9 @@ class GaplineApp(RowActions, App[int]):
     #members.-shown { display: block; }
     """
 
-    BINDINGS = [
-        Binding("f", "fill", "Fill gap"),
-        Binding("c", "cancel", "Cancel"),
-        Binding("r", "retry", "Retry recent"),
-        Binding("b,pageup", "scroll_back", "Back"),
-        Binding("tab", "focus_next", "Switch pane"),
-        Binding("i", "compose", "Write", show=False),
-        Binding("a", "reply", "Reply", show=False),
-        Binding("e", "edit", "Edit", show=False),
-        Binding("d", "delete", "Delete", show=False),
-        Binding("R", "retry_send", "Retry send", show=False),
-        Binding("plus", "react", "React", show=False),
-        Binding("t", "thread", "Thread", show=False),
-        Binding("m", "members", "Members", show=False),
-        Binding("v", "devices", "Devices", show=False),
-        Binding("x", "mark_read", "Mark read", show=False),
-        Binding("l", "live", "Live end", show=False),
-        Binding("q", "quit", "Quit"),
-    ]
+    BINDINGS = KEYS
+    # ctrl+p is the previous room here; the help panel (?) lists every key instead.
+    ENABLE_COMMAND_PALETTE = False
 
     def __init__(
         self,
@@ -180,8 +161,14 @@ class GaplineApp(RowActions, App[int]):
         page_budget: int | None = None,
         tz: tzinfo | None = None,
         show_first_gap: bool = False,
+        config: TuiConfig | None = None,
+        reachability: Reachability | None = None,
+        url_opener: Callable[[str], bool] = webbrowser.open,
     ) -> None:
         super().__init__()
+        self.config = config if config is not None else TuiConfig()
+        self.reachability = reachability if reachability is not None else Reachability()
+        self.url_opener = url_opener  # opens a link (in a thread worker): webbrowser.open
         # The demo's "see the gap at once": when the first recent load settles, select
         # the newest gap and scroll it to the middle of the pane.
         self._show_first_gap = show_first_gap
@@ -196,12 +183,11 @@ class GaplineApp(RowActions, App[int]):
         self._engine_ready = asyncio.Event()
         self._stopping = asyncio.Event()
         self._engine_worker: Worker[None] | None = None
-        self._unsubscribe: Callable[[], None] | None = None
+        self._unsubscribe: list[Callable[[], None]] = []
         self._fills: dict[str, str] = {}  # room id -> gap id of its running fill
         self.thread_root: str | None = None  # the thread shown instead of the room, if any
         self.me: str | None = None  # this account, once the engine says
         self._marked: dict[str, str] = {}  # room id -> the event MarkRead last named
-        self.show_devices = False  # the side panel lists the members' devices (v)
 
     # -- layout --------------------------------------------------------------------------
 
@@ -216,23 +202,36 @@ class GaplineApp(RowActions, App[int]):
                     yield Label("", id="fill-label")
                 yield Static("", id="status")
                 yield Static("", id="typing")
+                with Horizontal(id="search-bar"):
+                    yield Input(
+                        placeholder="search the loaded history · enter finds · esc closes",
+                        id="search",
+                    )
+                    yield Label("", id="search-info")
                 yield Input(placeholder=PLACEHOLDER, id="compose")
             yield Static("", id="members")
         yield Footer()
 
-    def on_resize(self) -> None:
+    def on_resize(self, event: Resize | None = None) -> None:
         # Below 70 columns the room list would squeeze the timeline; the title line
-        # still names the room (a hidden widget takes no focus, so tab skips it).
-        # The member list takes the room list's place when both would not fit.
+        # still names the room (a hidden widget takes no focus, so tab skips it), and
+        # ctrl+n / ctrl+p still switch. The member list takes the room list's place when
+        # both would not fit. The event's size, not ``self.size``: the app takes the new
+        # size only after its handlers ran.
+        width = (event.size if event is not None else self.size).width
         members = self.query_one("#members").has_class("-shown")
-        self.query_one("#rooms").display = self.size.width >= (120 if members else 70)
+        self.query_one("#rooms").display = width >= (120 if members else 70)
 
     @property
     def timeline(self) -> TimelineView:
         return self.query_one(TimelineView)
 
     def on_mount(self) -> None:
-        self._unsubscribe = self.directory.subscribe(self._directory_changed)
+        self._apply_config()
+        self._unsubscribe = [
+            self.directory.subscribe(self._directory_changed),
+            self.reachability.subscribe(self._reachability_changed),
+        ]
         self._refresh_rooms()
         self._refresh_status()
         self.timeline.focus()
@@ -240,12 +239,38 @@ class GaplineApp(RowActions, App[int]):
             self._run_engine(), name="engine", group="engine", exit_on_error=False
         )
 
+    def _apply_config(self) -> None:
+        """The config file's keys (Textual's keymap) and colours (a theme over the chosen one)."""
+        self.set_keymap(dict(self.config.keys))
+        if self.config.theme is None and not self.config.colours:
+            return
+        base = self.get_theme(self.config.theme or self.theme)
+        assert base is not None  # the config checked the name against the built-in themes
+        if self.config.colours:
+            base = replace(base, name="gapline-config", **self.config.colours)
+            self.register_theme(base)
+        self.theme = base.name
+
     def _directory_changed(self) -> None:
         self.post_message(RoomsChanged())
 
+    def _reachability_changed(self) -> None:
+        self.post_message(ReachabilityChanged())
+
+    def on_reachability_changed(self, _message: ReachabilityChanged) -> None:
+        problem = self.reachability.problem
+        if problem is not None:
+            self.notice(f"the homeserver does not answer: {problem}", severity="warning")
+        self._refresh_status()
+
+    def action_help(self) -> None:
+        """Every key, as the config file bound them; Esc closes."""
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(help_rows(dict(self.config.keys))))
+
     async def _run_engine(self) -> None:
         try:
-            async with self._connect(_AppSink(self)) as engine:
+            async with self._connect(AppSink(self)) as engine:
                 self._engine = engine
                 self.me = getattr(engine, "me", None)
                 self.timeline.me = self.me
@@ -274,9 +299,9 @@ class GaplineApp(RowActions, App[int]):
                 # Quitting anyway: the engine's failure was already shown as a notice,
                 # so it goes to the log rather than stopping the exit.
                 log.warning("the engine stopped with an error on exit: %s", exc)
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe = []
 
     # -- commands ------------------------------------------------------------------------
 
@@ -363,21 +388,6 @@ class GaplineApp(RowActions, App[int]):
     def on_timeline_view_live_requested(self, _message: TimelineView.LiveRequested) -> None:
         self.action_live()
 
-    def action_members(self) -> None:
-        panel = self.query_one("#members", Static)
-        self.show_devices = False
-        panel.set_class(not panel.has_class("-shown"), "-shown")
-        self.on_resize()
-        self._refresh_members()
-
-    def action_devices(self) -> None:
-        """The members' devices and their trust, in the side panel (v again hides it)."""
-        panel = self.query_one("#members", Static)
-        self.show_devices = not (panel.has_class("-shown") and self.show_devices)
-        panel.set_class(self.show_devices, "-shown")
-        self.on_resize()
-        self._refresh_members()
-
     def action_compose(self) -> None:
         self.query_one("#compose", Input).focus()
 
@@ -388,6 +398,11 @@ class GaplineApp(RowActions, App[int]):
             return
         event.input.clear()
         self.submit(body)
+        self.timeline.focus()  # so the next key is a command again, not more text
+
+    @on(Input.Submitted, "#search")
+    def _search(self, event: Input.Submitted) -> None:
+        self.run_search(event.value)
 
     @on(Input.Changed, "#compose")
     def _typed(self, event: Input.Changed) -> None:
@@ -400,7 +415,7 @@ class GaplineApp(RowActions, App[int]):
             if not self.leave_mode():
                 self.timeline.focus()
             event.stop()
-        elif self.leave_thread():
+        elif self.close_search() or self.leave_thread():
             event.stop()
 
     # -- rooms ---------------------------------------------------------------------------
@@ -408,79 +423,7 @@ class GaplineApp(RowActions, App[int]):
     @on(OptionList.OptionSelected, "#rooms")
     def _room_chosen(self, event: OptionList.OptionSelected) -> None:
         if event.option.id is not None:
-            self.show_room(event.option.id)
-            self.timeline.focus()
-
-    def show_room(self, room_id: str) -> None:
-        """Switch the timeline to ``room_id``, opening it in the engine if needed."""
-        if room_id == self.room_id and self.mirror.items(room_id) is not None:
-            return
-        if self.room_id is not None and self.mirror.items(self.room_id) is not None:
-            self.action_mark_read()  # leaving a room: read up to where it was shown
-        self.thread_root = None
-        self.room_id = room_id
-        items = self.mirror.items(room_id)
-        self.timeline.selected_id = None
-        self.timeline.reset(items or ())
-        if items is None:
-            self.command(OpenRoom(room_id))
-        self._refresh_rooms()
-        self._refresh_status()
-        self._refresh_typing()
-        self._refresh_members()
-        self._show_progress()
-
-    def on_rooms_changed(self, _message: RoomsChanged) -> None:
-        if self.room_id is None and (rooms := self.directory.summaries()):
-            self.show_room(rooms[0].room_id)
-            return
-        self._refresh_rooms()
-        self._refresh_status()
-
-    def _summaries(self) -> list[RoomSummary]:
-        known = list(self.directory.summaries())
-        ids = {s.room_id for s in known}
-        extra = [self.room_id] if self.room_id is not None else []
-        extra += list(self.mirror.state.timelines)
-        for room_id in extra:
-            if room_id not in ids:
-                known.append(RoomSummary(room_id))
-                ids.add(room_id)
-        return known
-
-    def _refresh_rooms(self) -> None:
-        """Repaint the room list; prompts are replaced in place when the rooms are the same."""
-        options = self.query_one("#rooms", OptionList)
-        summaries = self._summaries()
-        ids = [s.room_id for s in summaries]
-        prompts = [self._room_prompt(s) for s in summaries]
-        same = options.option_count == len(ids) and all(
-            options.get_option_at_index(i).id == room_id for i, room_id in enumerate(ids)
-        )
-        if same:
-            for room_id, prompt in zip(ids, prompts, strict=True):
-                options.replace_option_prompt(room_id, prompt)
-        else:
-            options.clear_options()
-            options.add_options(
-                Option(prompt, id=room_id) for room_id, prompt in zip(ids, prompts, strict=True)
-            )
-        if self.room_id in ids and options.highlighted != ids.index(self.room_id):
-            options.highlighted = ids.index(self.room_id)
-
-    def _room_prompt(self, summary: RoomSummary) -> Text:
-        prompt = Text(no_wrap=True, overflow="ellipsis")
-        prompt.append(summary.label, style="bold" if summary.room_id == self.room_id else "")
-        if self.mirror.state.recent(summary.room_id).kind is RecentHistoryKind.Loading:
-            prompt.append(" ⟳", style="italic")
-        if summary.unread and summary.room_id != self.room_id:
-            # A mention of this account makes the count stand out (and says so).
-            mention = summary.highlights > 0
-            count = (
-                f" ({summary.unread} @{summary.highlights})" if mention else f" ({summary.unread})"
-            )
-            prompt.append(count, style="bold reverse" if mention else "bold")
-        return prompt
+            self.choose_room(event.option.id)
 
     # -- events --------------------------------------------------------------------------
 
@@ -546,72 +489,6 @@ class GaplineApp(RowActions, App[int]):
                     view.reports[report.gap_id] = report
                     self._show_progress()
                 view.refresh_gaps()
+            case VerificationChanged():
+                self.verification_changed(event)
         self._refresh_status()
-
-    def _show_progress(self) -> None:
-        """The progress line shows the running fill of the room on screen, if any."""
-        gap_id = self._fills.get(self.room_id) if self.room_id is not None else None
-        progress = self.timeline.progress.get(gap_id) if gap_id is not None else None
-        box = self.query_one("#fill")
-        box.set_class(progress is not None, "-running")
-        if progress is None:
-            return
-        self.query_one(ProgressBar).update(progress=progress.pages)
-        pages = "page" if progress.pages == 1 else "pages"
-        of = f" of {self.page_budget}" if self.page_budget is not None else ""
-        self.query_one("#fill-label", Label).update(
-            f"filling: {progress.pages} {pages}{of}, {progress.events} events"
-        )
-
-    def _refresh_status(self) -> None:
-        title = self.query_one("#room-title", Static)
-        status = self.query_one("#status", Static)
-        if self.room_id is None:
-            title.update("no room open")
-            status.update("choose a room on the left")
-            return
-        summary = self.directory.get(self.room_id) or RoomSummary(self.room_id)
-        label = summary.label
-        if room_encrypted(self._engine, self.room_id, self.mirror.items(self.room_id)):
-            label = f"{LOCK} {label}"
-        if self.thread_root is None:
-            title.update(label)
-        else:
-            title.update(f"{label} / thread · esc back to the room")
-        state = self.mirror.state.recent(self.room_id)
-        status.set_class(state.kind is RecentHistoryKind.Failed, "-failed")
-        text = recent_label(state, report=self.mirror.state.repairs.get(self.room_id))
-        queue = self.mirror.send_queue
-        queued = queue_label(queue.pending, queue.failed)
-        status.update(text if queued is None else f"{text} · {queued}")
-
-    def _names(self) -> dict[str, str | None]:
-        if self.room_id is None:
-            return {}
-        return {m.user_id: m.display_name for m in self.mirror.members(self.room_id)}
-
-    def _refresh_typing(self) -> None:
-        line = self.query_one("#typing", Static)
-        users = self.mirror.typing(self.room_id) if self.room_id is not None else ()
-        line.update(typing_label(users, self._names()))
-        line.set_class(bool(users), "-typing")
-
-    def _refresh_members(self) -> None:
-        panel = self.query_one("#members", Static)
-        if not panel.has_class("-shown"):
-            return
-        members = self.mirror.members(self.room_id) if self.room_id is not None else ()
-        if self.show_devices and isinstance(self._engine, CryptoView):
-            found = self._engine.devices(m.user_id for m in members)
-            panel.update(device_list(found, self._names()))
-            return
-        text = Text(f"members ({len(members)})\n", style="bold")
-        for member in members:
-            name = sender_label(member.user_id, member.display_name)
-            text.append(name, style=f"bold {sender_colour(member.user_id)}")
-            text.append(" (invited)\n" if member.membership == "invite" else "\n")
-        panel.update(text)
-
-
-def command_room(command: Command) -> str | None:
-    return getattr(command, "room_id", None)

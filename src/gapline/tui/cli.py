@@ -36,8 +36,10 @@ from gapline.history import Engine, EngineConfig, EventSink
 from gapline.history.cli import add_engine_tuning, add_store_flags, engine_config, recover
 from gapline.history.cli_session import Target, on_store, sign_in, target
 from gapline.history.rooms import RoomDirectory
-from gapline.matrix import MatrixClient, MatrixError, Session, SyncResponse
+from gapline.matrix import MatrixClient, MatrixError, MatrixUnavailable, Session, SyncResponse
 from gapline.tui._app import Connect, EngineHandle, GaplineApp
+from gapline.tui._config import ConfigError, TuiConfig, load_config
+from gapline.tui._connection import Reachability
 
 __all__ = ["DESCRIPTION", "EXAMPLES", "configure", "engine_connect", "run"]
 
@@ -76,12 +78,27 @@ class _ObservedClient(MatrixClient):
     instead of polling the server a second time.
     """
 
-    def __init__(self, *args: Any, directory: RoomDirectory, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        directory: RoomDirectory,
+        reachability: Reachability | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._directory = directory
+        self._reachability = reachability
 
     async def sync(self, **kwargs: Any) -> SyncResponse:
-        response = await super().sync(**kwargs)
+        try:
+            response = await super().sync(**kwargs)
+        except MatrixUnavailable as exc:
+            # The engine retries; the status line says why nothing arrives meanwhile.
+            if self._reachability is not None:
+                self._reachability.unreachable(str(exc))
+            raise
+        if self._reachability is not None:
+            self._reachability.answered()
         self._directory.observe(response)
         return response
 
@@ -94,6 +111,7 @@ def engine_connect(
     passphrase: str,
     config: EngineConfig,
     directory: RoomDirectory,
+    reachability: Reachability | None = None,
     kdf_cost: Any = None,
     sync: bool = True,
     **client_kwargs: Any,
@@ -107,7 +125,11 @@ def engine_connect(
     @contextlib.asynccontextmanager
     async def connect(sink: EventSink) -> AsyncGenerator[EngineHandle]:
         async with _ObservedClient(
-            homeserver, session=session, directory=directory, **client_kwargs
+            homeserver,
+            session=session,
+            directory=directory,
+            reachability=reachability,
+            **client_kwargs,
         ) as client:
             try:
                 await client.sync(timeout_ms=0, filter=ROOM_LIST_FILTER)
@@ -130,6 +152,15 @@ def engine_connect(
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_login_flags(parser, stored=True)
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help=(
+            "the TUI's config file (keys, colours, homeserver; default "
+            "$XDG_CONFIG_HOME/gapline/tui.toml, i.e. ~/.config/gapline/tui.toml)"
+        ),
+    )
     add_store_flags(parser, default="$XDG_DATA_HOME/gapline, i.e. ~/.local/share/gapline")
     parser.add_argument("--room", type=room_id, metavar="ROOM_ID", help="open this room first")
     add_recovery_flags(parser, prompt=True)
@@ -142,16 +173,28 @@ def _default_store() -> Path:
     return base / "gapline"
 
 
+def tui_config(args: argparse.Namespace) -> TuiConfig:
+    """The config file, checked, and ``--homeserver`` defaulted from it (one line if bad)."""
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        raise CommandError(str(exc), Exit.USAGE) from None
+    if args.homeserver is None:  # else the one the account logged in to, if any
+        args.homeserver = config.homeserver
+    return config
+
+
 def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    tui = tui_config(args)
     args.store = args.store or _default_store()
-    chosen = target(args)
+    chosen = target(args, hint=f' (or homeserver = "https://..." in {tui.path})')
     config = engine_config(args)
     store = chosen.account.directory
     passphrase = resolve_secret(args, PASSPHRASE, prompt=f"passphrase of the store in {store}: ")
     assert passphrase is not None
     key = recovery_key(args)
-    return _main(args, chosen, config, passphrase, key)
+    return _main(args, chosen, config, passphrase, key, tui)
 
 
 def _needs_a_terminal() -> None:
@@ -181,6 +224,7 @@ async def _main(
     config: EngineConfig,
     passphrase: str,
     key: str | None = None,
+    tui: TuiConfig | None = None,
 ) -> int:
     store = chosen.account.directory
     # The store first (a wrong passphrase fails here, offline), then the session.
@@ -196,6 +240,7 @@ async def _main(
     if key is not None:
         await _recover(chosen.homeserver, session, store, passphrase, key)
     directory = RoomDirectory()
+    reachability = Reachability()
     app = GaplineApp(
         engine_connect(
             chosen.homeserver,
@@ -204,10 +249,13 @@ async def _main(
             passphrase=passphrase,
             config=config,
             directory=directory,
+            reachability=reachability,
         ),
         rooms=directory,
         room_id=args.room,
         page_budget=config.page_budget,
+        config=tui,
+        reachability=reachability,
     )
     result = await app.run_async()
     return int(result or app.return_code or 0)
