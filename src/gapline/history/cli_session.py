@@ -108,7 +108,9 @@ def password_given(args: argparse.Namespace) -> bool:
     )
 
 
-def target(args: argparse.Namespace, *, create: bool = True, ask: bool = True) -> Target:
+def target(
+    args: argparse.Namespace, *, create: bool = True, ask: bool = True, hint: str = ""
+) -> Target:
     """The account the flags pick (a store from before accounts moved in place), its
     homeserver, and the password when the command line gave one, or (``ask``) when the
     store keeps no session: asked now, before the store's passphrase."""
@@ -117,7 +119,8 @@ def target(args: argparse.Namespace, *, create: bool = True, ask: bool = True) -
     homeserver = args.homeserver or (account.record.homeserver if account.record else None)
     if homeserver is None:
         raise CommandError(
-            f"no --homeserver: {account.user_id} has no login in {store} that names one",
+            f"--homeserver is needed{hint}: {account.user_id} has no login in {store} "
+            "that names one",
             Exit.USAGE,
         )
     record = account.record

@@ -179,7 +179,7 @@ def tui_config(args: argparse.Namespace) -> TuiConfig:
         config = load_config(args.config)
     except ConfigError as exc:
         raise CommandError(str(exc), Exit.USAGE) from None
-    if args.homeserver is None:  # else the one the account logged in to
+    if args.homeserver is None:  # else the one the account logged in to, if any
         args.homeserver = config.homeserver
     return config
 
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
     tui = tui_config(args)
     args.store = args.store or _default_store()
-    chosen = target(args)
+    chosen = target(args, hint=f' (or homeserver = "https://..." in {tui.path})')
     config = engine_config(args)
     store = chosen.account.directory
     passphrase = resolve_secret(args, PASSPHRASE, prompt=f"passphrase of the store in {store}: ")
