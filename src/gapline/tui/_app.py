@@ -25,7 +25,7 @@ from textual import on
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.notifications import SeverityLevel
-from textual.widgets import Footer, Input, Label, OptionList, ProgressBar, Static
+from textual.widgets import Footer, Label, OptionList, ProgressBar, Static
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from gapline.history import (
@@ -61,6 +61,7 @@ from gapline.history import (
 )
 from gapline.history.rooms import RoomDirectory
 from gapline.tui._actions import PLACEHOLDER, RowActions
+from gapline.tui._compose_box import ComposeBox
 from gapline.tui._engine_link import (
     AppSink,
     Connect,
@@ -107,8 +108,6 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
     #fill Bar { width: 12; }
     #status { height: 1; padding: 0 1; background: $panel; color: $text-muted; }
     #status.-failed { color: $text-error; }
-    #compose { height: 1; border: none; padding: 0 1; background: $surface; }
-    #compose:focus { border: none; background: $boost; }
     #typing { height: 1; padding: 0 1; color: $text-muted; text-style: italic; display: none; }
     #typing.-typing { display: block; }
     #members { width: 26; height: 1fr; padding: 0 1; border-left: solid $panel-lighten-2;
@@ -162,7 +161,7 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
                     yield Label("", id="fill-label")
                 yield Static("", id="status")
                 yield Static("", id="typing")
-                yield Input(placeholder=PLACEHOLDER, id="compose")
+                yield ComposeBox(placeholder=PLACEHOLDER, id="compose")
             yield Static("", id="members")
         yield Footer()
 
@@ -310,24 +309,21 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
         self.action_live()
 
     def action_compose(self) -> None:
-        self.query_one("#compose", Input).focus()
+        self.query_one("#compose", ComposeBox).focus()
 
-    @on(Input.Submitted, "#compose")
-    def _send(self, event: Input.Submitted) -> None:
-        body = event.value.strip()
-        if not body or self.room_id is None:
-            return
-        event.input.clear()
-        self.submit(body)
+    @on(ComposeBox.Submitted, "#compose")
+    def _send(self, event: ComposeBox.Submitted) -> None:
+        if self.room_id is not None and self.submit(event.text):
+            event.box.clear()
 
-    @on(Input.Changed, "#compose")
-    def _typed(self, event: Input.Changed) -> None:
-        self.typed(event.value)
+    @on(ComposeBox.Changed, "#compose")
+    def _typed(self, event: ComposeBox.Changed) -> None:
+        self.typed(event.text_area.text)
 
     def on_key(self, event) -> None:
         if event.key != "escape":
             return
-        if self.focused is self.query_one("#compose", Input):
+        if self.focused is self.query_one("#compose", ComposeBox):
             if not self.leave_mode():
                 self.timeline.focus()
             event.stop()
