@@ -103,7 +103,9 @@ async def test_reply_edit_delete_react_and_mark_read_keys_send_their_commands() 
         assert box.value == "on my way (bike)"
         box.value = "here"
         await pilot.press("enter")
-        await until(pilot, lambda: EditMessage(ROOM, "$e7", "here") in fake.commands, "edit")
+        await until(
+            pilot, lambda: EditMessage(ROOM, "$e7", "here", markdown=True) in fake.commands, "edit"
+        )
         await pilot.press("escape")
         app.timeline.select("e2")  # bob's: not editable
         await pilot.press("e")

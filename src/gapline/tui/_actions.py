@@ -133,7 +133,7 @@ class RowActions:
             self.notice(parsed.message, severity="warning")
             return False
         if mode is not None and mode[0] == "edit":
-            self.command(EditMessage(self.room_id, mode[1], text.strip()))
+            self.command(EditMessage(self.room_id, mode[1], text.strip(), markdown=True))
         else:
             reply = mode[1] if mode is not None and isinstance(parsed, Say) else None
             self.command(
