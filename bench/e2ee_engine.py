@@ -17,7 +17,7 @@ The events and the room key come from a bare vodozemac device (``bench/e2ee.py``
 ``RawDevice``), the key over Olm to-device as a homeserver would deliver it;
 the engine's client answers its key requests from memory.
 
-    python bench/e2ee_engine.py [--quick]
+    python bench/e2ee_engine.py [--quick] [--only ingest|heal]
 
 Prints one JSON object on stdout.
 """
@@ -213,7 +213,7 @@ class Bench:
         }
 
 
-async def run(count: int, heal: int, rounds: int) -> dict[str, Any]:
+async def run(count: int, heal: int, rounds: int, only: str | None = None) -> dict[str, Any]:
     sender = base.RawDevice("@alice:example.org", "ALICE")
     keys = _Keys(sender)
     sink = _Count()
@@ -227,20 +227,23 @@ async def run(count: int, heal: int, rounds: int) -> dict[str, Any]:
         ):  # fmt: skip
             bench = Bench(engine, keys, sink)
             await bench.setup()
-            return {
-                "ingest": await bench.ingest(count, rounds),
-                "heal": await bench.heal(heal, max(1, rounds // 2)),
-            }
+            out: dict[str, Any] = {}
+            if only in (None, "ingest"):
+                out["ingest"] = await bench.ingest(count, rounds)
+            if only in (None, "heal"):
+                out["heal"] = await bench.heal(heal, max(1, rounds // 2))
+            return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    parser.add_argument("--only", choices=["ingest", "heal"], help="measure one figure only")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     count, heal, rounds = (200, 500, 2) if args.quick else (1000, 10_000, 6)
     print(f"ingest x{count}, heal x{heal}, {rounds} rounds", file=sys.stderr)
-    figures = asyncio.run(run(count, heal, rounds))
+    figures = asyncio.run(run(count, heal, rounds, args.only))
     result = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {

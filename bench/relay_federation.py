@@ -243,7 +243,7 @@ async def cross_turn(
         done = await metric(pa, http, "meshline_relay_deliveries_total", label)
         if done - before >= sent:
             break
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # each poll costs A a metrics render: not too often
     return sent, time.perf_counter() - start, answered
 
 

@@ -284,3 +284,18 @@ def test_pk_message_parts_are_named_not_positional() -> None:
         sealed["ciphertext"], sealed["mac"], sealed["ephemeral"]
     )
     assert message.ephemeral_key == b64decode(sealed["ephemeral"])
+
+
+def test_keys_are_fetchable_only_from_a_version_whose_private_key_is_held() -> None:
+    server = KeyServer()
+    clock = Clock()
+    alice = Peer(server, "@alice:x", "A1", clock)
+    backup = alice.machine.backup
+    assert backup.fetchable_version is None  # no version
+    request = backup.create_version()
+    backup.version_created("7")
+    assert request.json is not None and backup.fetchable_version == "7"
+    alice.machine.vault.put(BACKUP_SECRET, BackupKey.generate().secret)  # another key
+    assert backup.fetchable_version is None
+    alice.machine.vault.put(BACKUP_SECRET, "not a key")
+    assert backup.fetchable_version is None

@@ -47,3 +47,8 @@ async def test_e2ee_bench_quick_run_prints_its_figures() -> None:
             and variant["ratio_to_bare"] > 0
             and variant["longest_loop_stall_ms"] >= 0
         )
+    fill = figures["recovered_fill"]
+    assert fill["events"] == fill["filled_events"] == 200 and fill["pages"] == 4
+    assert fill["sessions_fetched_by_the_fill"] == 5  # the newest row's came before the fill
+    assert fill["original_ms"] > 0 and fill["ratio_recovered_to_original"] > 0
+    assert fill["target_ratio"] == 1.5

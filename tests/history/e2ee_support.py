@@ -31,6 +31,7 @@ from gapline.matrix import (
     StateBlock,
     Timeline,
 )
+from gapline.matrix.testing import FakeHomeserver
 from gapline.storage import KdfParams
 from tests.e2ee.harness import Clock, Peer
 from tests.e2ee.keyserver import KeyServer
@@ -131,21 +132,37 @@ class Homeserver:
     """Every room event sent (type, content)."""
     state: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Room state the server answers by type (``/state/{type}``)."""
+    context: dict[str, ClientEvent] = field(default_factory=dict)
+    """Events ``/context/{event_id}`` answers (others: not found)."""
 
 
 def alice_client(
-    server: KeyServer, hs: Homeserver, device: tuple[str, str] = ALICE
+    server: KeyServer,
+    hs: Homeserver,
+    device: tuple[str, str] = ALICE,
+    backup: FakeHomeserver | None = None,
 ) -> MatrixClient:
-    """Alice's client: the key endpoints from ``server``, the room ones from ``hs``."""
+    """Alice's client: the key endpoints from ``server``, the room ones from ``hs``, and
+    the key backup (``/room_keys``) from ``backup``'s, when given."""
     server.register(*device)
+    token = "t"
+    if backup is not None:
+        token = backup.register(device[0].split(":")[0][1:], device_id=device[1]).access_token
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx.Request) -> Any:
         path = request.url.raw_path.decode()
         bare = unquote(path.split("?")[0])
+        if "/room_keys/" in bare and backup is not None:
+            return backup.handle(request)
         if bare.endswith("/sync"):
             return httpx.Response(200, json={"next_batch": "s-next"})
         if "/relations/" in bare:
             return httpx.Response(200, json={"chunk": []})
+        if "/context/" in bare:
+            found = hs.context.get(bare.split("/context/")[1])
+            if found is None:
+                return httpx.Response(404, json={"errcode": "M_NOT_FOUND", "error": "no"})
+            return httpx.Response(200, json={"event": msgspec.to_builtins(found)})
         if "/messages" in bare:
             chunk = [msgspec.to_builtins(e) for e in reversed(hs.older)]
             return httpx.Response(200, json={"chunk": chunk, "start": "t0"})
@@ -163,14 +180,19 @@ def alice_client(
 
     return MatrixClient(
         "https://hs.example",
-        session=Session("https://hs.example", device[0], device[1], "t"),
+        session=Session("https://hs.example", device[0], device[1], token),
         transport=httpx.MockTransport(handler),
     )
 
 
 @contextlib.asynccontextmanager
 async def scene(
-    store: Path, server: KeyServer | None = None, bob: Peer | None = None
+    store: Path,
+    server: KeyServer | None = None,
+    bob: Peer | None = None,
+    backup: FakeHomeserver | None = None,
+    *,
+    e2ee: bool = True,
 ) -> AsyncGenerator[Scene]:
     server = server or KeyServer()
     clock = Clock()
@@ -183,9 +205,9 @@ async def scene(
     sink = Sink()
     hs = Homeserver()
     async with (
-        alice_client(server, hs) as client,
+        alice_client(server, hs, backup=backup) as client,
         Engine.open(
-            store, client, passphrase="pw", sink=sink, sync=False, send=True, e2ee=True,
+            store, client, passphrase="pw", sink=sink, sync=False, send=True, e2ee=e2ee,
             kdf_cost=KdfParams.cheap(),
         ) as engine,
     ):  # fmt: skip

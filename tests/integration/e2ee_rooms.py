@@ -48,6 +48,7 @@ async def encrypted_room_with_bot(
     *,
     handler: Handler = echo,
     initial_state: Sequence[dict[str, Any]] = (),
+    sidecar_limit: int = 16_000,
 ) -> AsyncGenerator[EncryptedRoom]:
     """alice creates the room (encrypted from its start), invites the bot, and both see
     each other; nio is closed on the way out."""
@@ -68,6 +69,7 @@ async def encrypted_room_with_bot(
                 allow=frozenset({alice.user_id}),
                 handler=handler,
                 passphrase=PASSPHRASE,
+                sidecar_limit=sidecar_limit,
             ) as running:
                 await wait_joined(client, room, bot.user_id)
                 await nio.wait_until(lambda: in_room(nio, room, bot.user_id))

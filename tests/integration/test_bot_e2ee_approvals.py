@@ -1,8 +1,9 @@
 """An approval in an encrypted room against a real Synapse, with matrix-nio as the
 approver, on SQLite and PostgreSQL: the card and its resolution go out encrypted, and
 the call they name (the message's text as the tool's arguments) is stored sealed: the
-approval tables and the outbox hold none of it, and on SQLite neither does any file of
-the store (the database, its WAL)."""
+approval tables and the outbox hold none of it, nor its digest, nor an approval id a
+guess could be hashed into, and on SQLite neither does any file of the store (the
+database, its WAL)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import nio as nio_lib
 import pytest
 
-from gapline.journal import approve
+from gapline.journal import ToolCall, approval_id_for, approve
 from tests.fixtures.synapse import SynapseKit
 from tests.integration.bot_support import (
     eventually,
@@ -97,10 +98,13 @@ async def test_an_approval_in_an_encrypted_room_is_sealed_at_rest(
     nothing_in_the_clear(events, bot.user_id)
     # The rows are there (a card and its resolution), and none names the call.
     assert stored.count("approval_card") >= 2, stored
-    for secret in (SECRET, "4711", "echo(", '"text"'):
+    # Nor its digest, nor an id a guess could be hashed into: the id is keyed.
+    call = ToolCall("echo", {"text": SECRET})
+    guessable = (call.digest(), approval_id_for(bot.user_id, asking, 0, call))
+    for secret in (SECRET, "4711", "echo(", '"text"', *guessable):
         assert secret not in stored, secret
     if data_open is not None:  # SQLite: the database and its WAL, open and closed
         data = data_open + (store_bytes(store_dsn) or b"")
         assert len(data) > 10_000 and b"approval_cards" in data
-        for secret in (SECRET.encode(), b"account ending 0815", b"echo({"):
-            assert secret not in data, secret
+        for secret in (SECRET, "account ending 0815", "echo({", *guessable):
+            assert secret.encode() not in data, secret

@@ -33,11 +33,11 @@ PASSPHRASE = "pw"
 
 # The child: the engine syncing in a loop. `hold` names where the writer thread stops
 # for good: "to-device" in the write of a sync that carries to-device events (the Olm
-# state, the keys and the token would commit together), "heal" in the write that heals
-# retained rows (the key they need is in that same write). It prints "held" there.
+# state, the keys and the token would commit together), "heal" in the write of one chunk
+# of a heal (the key it needs was committed before). It prints "held" there.
 DRIVER = r"""
 import asyncio, json, sys, threading
-from gapline.history import Engine, OpenRoom, _sync
+from gapline.history import Engine, OpenRoom, _heal_pass, _sync
 from gapline.matrix import MatrixClient, Session
 from gapline.storage import KdfParams
 
@@ -56,8 +56,16 @@ if args["hold"] == "to-device":
     _sync.commit_encrypted_sync = holding(
         _sync.commit_encrypted_sync, lambda store, tx, response, *rest: response.to_device.events
     )
-else:
-    _sync.heal = holding(_sync.heal, lambda store, tx, room_id, healed: healed)
+else:  # the heal's chunks: args["chunk"] rows each; held at the write of chunk args["at"]
+    _heal_pass.CHUNK = args.get("chunk", _heal_pass.CHUNK)
+    writes = []
+
+    def nth_heal(store, tx, room_id, healed, entries):
+        if healed:
+            writes.append(len(healed))
+        return bool(healed) and len(writes) == args.get("at", 1)
+
+    _heal_pass.heal = holding(_heal_pass.heal, nth_heal)
 
 class Quiet:
     async def publish(self, event):
@@ -79,7 +87,7 @@ asyncio.run(main())
 
 
 async def killed_at_hold(
-    session: Session, store: Path, room: str, hold: str, act: Callable[[], Any]
+    session: Session, store: Path, room: str, hold: str, act: Callable[[], Any], **extra: int
 ) -> None:
     """Run the child, do ``act`` once it is syncing, and SIGKILL it where it holds."""
     child = await asyncio.create_subprocess_exec(
@@ -87,7 +95,7 @@ async def killed_at_hold(
         "-c",
         DRIVER,
         json.dumps({"session": session.to_dict(), "store": str(store),
-                    "passphrase": PASSPHRASE, "room": room, "hold": hold}),
+                    "passphrase": PASSPHRASE, "room": room, "hold": hold, **extra}),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": os.getcwd()},
@@ -140,9 +148,12 @@ async def test_sigkill_before_a_to_device_step_commits_loses_no_key(
         await later_key_decrypts(engine, nio, room)
 
 
+@pytest.mark.parametrize("at", [1, 2], ids=["first-chunk", "second-chunk"])
 async def test_sigkill_after_a_key_arrived_before_its_rows_healed(
-    synapse_kit: Any, tmp_path: Path, peers: tuple[Session, NioDevice, str]
+    synapse_kit: Any, tmp_path: Path, peers: tuple[Session, NioDevice, str], at: int
 ) -> None:
+    """Killed in the write of a heal's first chunk (nothing healed yet) or its second (the
+    first chunk healed): the key was committed first, so the restart heals the rest."""
     alice, nio, room = peers
     store = tmp_path / "alice"
     async with gapline(synapse_kit, alice, store, Sink()) as (engine, _):
@@ -161,11 +172,13 @@ async def test_sigkill_after_a_key_arrived_before_its_rows_healed(
         async with synapse_kit.client(nio.session) as as_nio:
             await as_nio.send_to_device("m.room.encrypted", held, "late-key")
 
-    await killed_at_hold(alice, store, room, "heal", deliver)
+    await killed_at_hold(alice, store, room, "heal", deliver, chunk=2, at=at)
     async with gapline(synapse_kit, alice, store, Sink()) as (engine, _):
         await engine.execute(OpenRoom(room))
         ids = {e: rows(engine, room)[e].id for e in late}
-        assert all(rows(engine, room)[e].body is None for e in late)  # nothing half-healed
+        healed = [rows(engine, room)[e].body is not None for e in late]
+        # Each chunk whole or not at all: the chunks written before the kill, no more.
+        assert healed == [True] * (2 * (at - 1)) + [False] * (3 - 2 * (at - 1))
         await until(engine, room, lambda r: all(r[e].body is not None for e in late))
         assert [rows(engine, room)[e].body for e in late] == ["late 0", "late 1", "late 2"]
         assert {e: rows(engine, room)[e].id for e in late} == ids  # healed in place

@@ -4,6 +4,7 @@ on SQLite and PostgreSQL; and `gapline bot` / `gapline journal read` say so clea
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any, cast
@@ -208,3 +209,54 @@ def test_a_leave_seen_by_ingress_rotates_the_bots_session(leaves: bool) -> None:
     assert report.rotated is leaves
     after = alice.send(room, "next")
     assert (after.content["session_id"] != before.content["session_id"]) is leaves
+
+
+async def _every_row(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table of the database, by table (the whole written state)."""
+    backend = await open_backend(dsn)
+    try:
+
+        def dump(tx: Any) -> dict[str, list[tuple[Any, ...]]]:
+            if dsn.startswith("postgresql"):
+                names = tx.all(
+                    "SELECT table_name FROM information_schema.tables"
+                    " WHERE table_schema = current_schema()"
+                )
+            else:
+                names = tx.all("SELECT name FROM sqlite_master WHERE type = 'table'")
+            return {
+                str(n[0]): sorted(map(tuple, tx.all(f'SELECT * FROM "{n[0]}"')), key=repr)
+                for n in names
+            }
+
+        return await backend.read(dump)
+    finally:
+        await backend.close()
+
+
+def test_a_second_principal_with_a_passphrase_is_refused_and_writes_nothing(
+    dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One encrypted device per database: a second bot (another user) started with a
+    passphrase on a journal whose encryption state is the first bot's is refused with
+    status 1 and a clear error, before anything is written (not its device id, not a
+    second account), so the first bot's Olm account is neither shared nor overwritten."""
+    secret = tmp_path / "passphrase"
+    secret.write_text("one passphrase\n")
+    first = _bot(tmp_path / "unused", secret)
+    first[first.index("--store") + 1] = dsn
+    assert main(first) == 1  # the crypto store is made, then the homeserver fails
+    capsys.readouterr()
+    before = asyncio.run(_every_row(dsn))
+    assert before["e2ee_account"][0][1] == BOT  # the first bot's device is there
+    second = list(first)
+    second[second.index("--user") + 1] = "@other:localhost"
+    assert main(second) == 1
+    err = capsys.readouterr().err
+    records = [json.loads(line) for line in err.splitlines()]
+    failed = records[-1]
+    assert failed["msg"] == "bot failed" and failed["error_type"] == "EncryptionStoreTaken"
+    assert BOT in failed["error"] and "one encrypted device per database" in failed["error"]
+    assert not any(r["msg"] == "logged in" for r in records)
+    assert "Traceback" not in err
+    assert asyncio.run(_every_row(dsn)) == before

@@ -14,6 +14,7 @@ from gapline.storage import Backend
 from tests.journal.backends import PostgresJournalBackend
 from tests.journal.contract import ROOM, JournalContract, message
 from tests.journal.contract_approvals import ApprovalContract
+from tests.journal.contract_audience import AudienceContract
 from tests.journal.contract_runtime import RuntimeContract
 
 pytestmark = pytest.mark.postgres
@@ -46,4 +47,8 @@ class TestPostgresJournal(PostgresJournalBackend, JournalContract):
         assert got == sorted(ids, key=lambda s: s.encode())
 
 
-del JournalContract, ApprovalContract, RuntimeContract
+class TestPostgresAudience(PostgresJournalBackend, AudienceContract):
+    pass
+
+
+del JournalContract, ApprovalContract, RuntimeContract, AudienceContract

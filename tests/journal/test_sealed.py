@@ -16,6 +16,7 @@ from gapline.journal import (
     JournalStore,
     PrincipalJournal,
     ToolCall,
+    approval_id_for,
 )
 from gapline.journal._sealing import Sealing
 from gapline.storage import Backend, StoreCipher
@@ -78,7 +79,7 @@ class _SealedApprovals(_SealedBot):
         )
         assert outcome.answer is ApprovalAnswer.RECORDED
         stored = await approval_tables(journal_backend)
-        for secret in SECRETS:
+        for secret in (*SECRETS, SECRET_CALL.digest()):
             assert secret not in stored
         (resolution,) = await bot.claim(10)
         body = content_of(resolution)["m.new_content"]["body"]
@@ -124,13 +125,27 @@ async def cancelled_by_departure(
     decisions = await raw(store.backend, "SELECT decision FROM approval_continuations")
     assert decisions == [(Decision.CANCELLED.value,)]  # (a keyless asker cannot read it)
     stored = await approval_tables(store.backend)
-    for secret in SECRETS:
+    for secret in (*SECRETS, SECRET_CALL.digest()):
         assert secret not in stored
     (resolution,) = await card_holder.claim(10)
     assert resolution.stage is DeliveryStage.FINAL
     new_content = content_of(resolution)["m.new_content"]
     assert json.dumps(new_content).count(req.approval_id) == 1
     return new_content["body"]
+
+
+def test_a_sealed_journals_approval_ids_are_keyed() -> None:
+    """Under a key the id is an HMAC: the principal, the turn and the ordinal are in the
+    clear, so a plain hash would confirm a guessed call; still derived, never random."""
+    plain = approval_id_for(BOT, "$q", 0, SECRET_CALL)
+    key = KEY.id_key()
+    assert key is not None and Sealing().id_key() is None
+    keyed = approval_id_for(BOT, "$q", 0, SECRET_CALL, key=key)
+    assert keyed.startswith("ap") and len(keyed) == len(plain) and keyed != plain
+    assert approval_id_for(BOT, "$q", 0, SECRET_CALL, key=key) == keyed  # a rerun finds it
+    other = Sealing(StoreCipher(b"o" * 32)).id_key()
+    assert approval_id_for(BOT, "$q", 0, SECRET_CALL, key=other) != keyed
+    assert approval_id_for(BOT, "$q", 1, SECRET_CALL, key=key) != keyed
 
 
 class _Sealed(_SealedBot):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tests.journal.backends import SQLiteJournalBackend
 from tests.journal.contract import JournalContract
 from tests.journal.contract_approvals import ApprovalContract
+from tests.journal.contract_audience import AudienceContract
 from tests.journal.contract_runtime import RuntimeContract
 
 
@@ -20,4 +21,8 @@ class TestSQLiteRuntime(SQLiteJournalBackend, RuntimeContract):
     pass
 
 
-del JournalContract, ApprovalContract, RuntimeContract
+class TestSQLiteAudience(SQLiteJournalBackend, AudienceContract):
+    pass
+
+
+del JournalContract, ApprovalContract, RuntimeContract, AudienceContract

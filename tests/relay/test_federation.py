@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -210,6 +211,47 @@ async def test_a_route_that_moves_from_b_to_c_takes_the_deliveries(tmp_path: Pat
             got = await received(rc, bob)
             assert sorted(got[:-1]) == sorted(ids) and got[-1] == from_b["envelope"]["message_id"]
             assert await received(rb, bob) == [before["envelope"]["message_id"]]
+    finally:
+        net.stop_all()
+
+
+async def test_a_backlog_of_sends_is_delivered_with_one_call_each(tmp_path: Path) -> None:
+    """Sends that wait in the in-memory queue (the target is stopped, every delivery slot
+    waits on it) are not also started by the queue scan, which reads the same rows."""
+    net = Network(tmp_path, [str(tmp_path / f"{n}.db") for n in "ab"])
+    a, b = net.members
+    try:
+        for member in net.members:
+            net.start(member)
+        async with httpx.AsyncClient(timeout=30) as http:
+            ra, rb = a.client(http), b.client(http)
+            alice, bob = make_account(), make_account()
+            await make_home(ra, alice, 1)
+            await make_home(rb, bob, 1)
+            token = await ra.login(alice)
+            bodies = [send_body(alice, bob) for _ in range(200)]
+            await ra.ok("message.send", bodies[0], token=token)  # A learns bob's route
+            await _all_accepted(ra, token, [bodies[0]["envelope"]["message_id"]])
+            b.running.proc.send_signal(signal.SIGSTOP)
+            try:
+
+                async def sender(mine: list[dict[str, Any]]) -> None:
+                    for body in mine:
+                        await ra.ok("message.send", body, token=token)
+
+                async with asyncio.TaskGroup() as tg:
+                    for i in range(16):
+                        tg.create_task(sender(bodies[1 + i :: 16]))
+                await asyncio.sleep(2.5)  # more than one scan, well within the call timeout
+            finally:
+                b.running.proc.send_signal(signal.SIGCONT)
+            ids = [body["envelope"]["message_id"] for body in bodies]
+            await _all_accepted(ra, token, ids)
+            assert sorted(await received(rb, bob)) == sorted(ids)
+            calls = 'method="message.deliver",outcome="ok"'
+            assert await metric(b, "meshline_relay_peer_calls_total", calls) == len(ids)
+            accepted = 'outcome="target_accepted"'
+            assert await metric(a, "meshline_relay_deliveries_total", accepted) == len(ids)
     finally:
         net.stop_all()
 

@@ -7,12 +7,12 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from gapline.meshline import AccountKey, BadRequest, NetworkContext, b64u_encode, encode_uvarint
-from gapline.relay._p2p._channel import Buffered
+from gapline.relay._p2p._channel import Buffered, TcpChannel
 from gapline.relay._p2p._frames import FRAME_LIMIT, FramingError, encode_frame, read_frame
 from gapline.relay._p2p._host import P2pHost, PeerRejected, VerifiedPeer
 from gapline.relay._p2p._identity import PeerIdentity
@@ -254,3 +254,67 @@ async def test_a_yamux_peer_that_overruns_the_window_loses_the_connection(tmp_pa
         conn.session._send(_yamux._frame(_yamux._DATA, 0, stream.id, over, b"x" * over))
         await asyncio.wait_for(conn.session.ended.wait(), 5)
         assert b.host.peers == []
+
+
+class _RecordingTcp:
+    """The raw side of a NoiseChannel, recording each transport write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.writer = self
+        self.closed = False
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    async def drain(self) -> None:
+        pass
+
+    async def read(self) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _messages(raw: bytes, recv: Any) -> list[bytes]:
+    out = []
+    while raw:
+        length = int.from_bytes(raw[:2], "big")
+        assert length <= 65535
+        out.append(recv.decrypt(b"", raw[2 : 2 + length]))
+        raw = raw[2 + length :]
+    return out
+
+
+async def test_frames_written_in_one_turn_leave_in_one_noise_message() -> None:
+    from gapline.relay._p2p._channel import NoiseChannel
+    from gapline.relay._p2p._noise import CipherState
+
+    key = bytes(range(32))
+    tcp = _RecordingTcp()
+    channel = NoiseChannel(
+        cast(TcpChannel, tcp), Buffered(tcp.read), CipherState(key), CipherState(key)
+    )
+    recv = CipherState(key)
+    frames = [bytes([i]) * (10 + i) for i in range(40)]
+    for frame in frames:
+        channel.write(frame)
+    assert tcp.writes == []  # nothing goes out before the loop turns
+    await asyncio.sleep(0)
+    assert len(tcp.writes) == 1 and _messages(tcp.writes[0], recv) == [b"".join(frames)]
+    # Over one message's size: split into messages, in order, still one transport write.
+    big = bytes(range(256)) * 600
+    channel.write(big[:100])
+    channel.write(big[100:])
+    await channel.drain()  # a full message waits: flushed at once
+    assert len(tcp.writes) == 2
+    pieces = _messages(tcp.writes[1], recv)
+    assert len(pieces) == 3 and b"".join(pieces) == big
+    # Close sends what is still waiting.
+    channel.write(b"last")
+    channel.close()
+    assert _messages(tcp.writes[2], recv) == [b"last"] and tcp.closed

@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
 
 from gapline.history import (
+    AcceptInvite,
     Answer,
     Cancel,
     CancelSend,
@@ -234,7 +235,7 @@ class FakeEngine:
                 return Ok()
             case MarkRead() | SetTyping() | SendReaction() | RedactEvent() | EditMessage():
                 return Ok()  # recorded in `commands`; the effect is not modelled
-            case RetrySend() | CancelSend():
+            case RetrySend() | CancelSend() | AcceptInvite():
                 return Ok()  # recorded in `commands`; the effect is not modelled
             case InviteUser() | SetTopic() | JoinRoom() | LeaveRoom():
                 return Ok()  # recorded in `commands`; the effect is not modelled

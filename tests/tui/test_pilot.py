@@ -256,8 +256,8 @@ async def test_room_list_shows_loading_and_unread() -> None:
             return [str(options.get_option_at_index(i).prompt) for i in range(2)]
 
         await until(pilot, lambda: "⟳" in prompts()[0], "the loading mark")
-        assert prompts() == ["design review ⟳", "ops (3)"]
+        assert prompts() == ["DR design review ⟳", "O  ops (3)"]
         assert "recent: loading…" in str(app.query_one("#status").render())
         await pilot.press("r")  # the fake's RetryRecent settles the load
-        await until(pilot, lambda: prompts()[0] == "design review", "the load settled")
+        await until(pilot, lambda: prompts()[0] == "DR design review", "the load settled")
         assert options.highlighted == 0

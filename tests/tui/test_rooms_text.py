@@ -117,7 +117,7 @@ async def test_the_command_glue_lists_rooms_and_switches_between_them(tmp_path: 
         assert app.room_id == second
         options = app.query_one(OptionList)
         labels = [str(options.get_option_at_index(i).prompt) for i in range(2)]
-        assert labels == ["alpha", "zulu"]
+        assert labels == ["A  alpha", "Z  zulu"]
         await pilot.press("shift+tab")  # from the timeline back to the room list
         await until(pilot, lambda: app.focused is options, "the room list focused")
         await pilot.press("down", "enter")

@@ -41,8 +41,11 @@ from ._inbound import (
     RoomKey,
 )
 from ._key_driver import (
+    BackupEntries,
     bootstrap_cross_signing,
     enable_backup,
+    fetch_backup_room,
+    fetch_backup_sessions,
     fetch_secret_storage,
     recover_from_server,
     restore_backup,
@@ -139,6 +142,7 @@ __all__ = [
     "SELF_SIGNING_SECRET",
     "STEP_TIMEOUT_MS",
     "USER_SIGNING_SECRET",
+    "BackupEntries",
     "BackupEntryInvalid",
     "BackupKey",
     "BackupTrust",
@@ -204,6 +208,8 @@ __all__ = [
     "encode_recovery_key",
     "encrypt_key_file",
     "export_room_keys",
+    "fetch_backup_room",
+    "fetch_backup_sessions",
     "fetch_secret_storage",
     "import_room_keys",
     "load_state",

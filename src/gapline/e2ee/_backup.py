@@ -138,6 +138,21 @@ class KeyBackup:
         ident = (room_id, session_id)
         return ident in self._backed_up and ident not in self._pending
 
+    @property
+    def fetchable_version(self) -> str | None:
+        """The version in use when this device holds its private key (so keys can be
+        fetched from it on demand), else ``None``."""
+        if self._version is None:
+            return None
+        held = self._vault.get(BACKUP_SECRET)
+        public_key = json.loads(self._version.auth_data_json).get("public_key")
+        try:
+            if held is None or BackupKey(held).public_key != public_key:
+                return None
+        except ValueError:  # a held secret that is not a key opens nothing
+            return None
+        return self._version.version
+
     def is_from_backup(self, room_id: str, session_id: str) -> bool:
         record = self._backed_up.get((room_id, session_id))
         return record is not None and record.restored

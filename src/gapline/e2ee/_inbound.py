@@ -231,115 +231,210 @@ class InboundGroupSessions:
     # -- decrypting room events -------------------------------------------------------------------
 
     def decrypt(self, room_id: str, event: ClientEvent) -> DecryptedEvent | UnableToDecrypt:
-        content = event.content
-        session_id = content.get("session_id")
-        sid = session_id if isinstance(session_id, str) else None
+        return self.decrypt_many(room_id, (event,))[0]
 
-        def utd(
-            reason: UtdReason,
-            detail: str,
-            refusal: RefusalCode | None = None,
-            code: str | None = None,
-        ) -> UnableToDecrypt:
-            if refusal is not None:
-                log.warning(
-                    "refused %s in %s from %s: %s", event.event_id, room_id, event.sender, detail
+    def decrypt_many(
+        self, room_id: str, events: Iterable[ClientEvent]
+    ) -> list[DecryptedEvent | UnableToDecrypt]:
+        """Decrypt a room's events in order. A session is looked up and its sender's trust
+        worked out once per call (a heal is thousands of events of one session), and
+        nothing but the checks runs per event."""
+        sessions: dict[str, tuple[_Inbound, TrustLevel] | None] = {}
+        seen_of = self._seen
+        digest = self._keys.event_digest
+        out: list[DecryptedEvent | UnableToDecrypt] = []
+        append = out.append
+        for event in events:
+            content = event.content
+            sid = content.get("session_id")
+            if not isinstance(sid, str):
+                sid = None
+            if content.get("algorithm") != MEGOLM:
+                append(
+                    _utd(
+                        event,
+                        room_id,
+                        sid,
+                        UtdReason.MALFORMED,
+                        f"not a Megolm event: {content.get('algorithm')!r}",
+                        RefusalCode.UNSUPPORTED_ALGORITHM,
+                    )
                 )
-            return UnableToDecrypt(event.event_id, room_id, sid, reason, detail, code, refusal)
+                continue
+            ciphertext = content.get("ciphertext")
+            if sid is None or not isinstance(ciphertext, str):
+                append(
+                    _utd(
+                        event,
+                        room_id,
+                        sid,
+                        UtdReason.MALFORMED,
+                        "no session_id or ciphertext",
+                        RefusalCode.MALFORMED,
+                    )
+                )
+                continue
+            if sid in sessions:
+                known = sessions[sid]
+            else:
+                entry = self._sessions.get((room_id, sid))
+                known = sessions[sid] = None if entry is None else (entry, self._trust(entry.key))
+            if known is None:
+                append(self._missing(event, room_id, sid))
+                continue
+            entry, trust = known
+            key = entry.key
+            claimed = content.get("sender_key")
+            if isinstance(claimed, str) and claimed != key.sender_key:
+                append(
+                    _utd(
+                        event,
+                        room_id,
+                        sid,
+                        UtdReason.MALFORMED,
+                        "the event names another sender key than its session",
+                        RefusalCode.SESSION_MISMATCH,
+                    )
+                )
+                continue
+            try:
+                message = vodozemac.MegolmMessage.from_base64(ciphertext)
+            except (vodozemac.DecodeException, ValueError) as exc:
+                append(
+                    _utd(
+                        event,
+                        room_id,
+                        sid,
+                        UtdReason.MALFORMED,
+                        f"ciphertext does not decode: {exc}",
+                        RefusalCode.MALFORMED,
+                    )
+                )
+                continue
+            index = message.message_index()
+            if index < entry.first_known_index:
+                append(
+                    _utd(
+                        event,
+                        room_id,
+                        sid,
+                        UtdReason.UNKNOWN_MESSAGE_INDEX,
+                        f"index {index} precedes the first known index {entry.first_known_index}",
+                    )
+                )
+                continue
+            try:
+                decrypted = entry.session.decrypt(message)
+            except vodozemac.MegolmDecryptionException as exc:
+                append(
+                    _utd(
+                        event,
+                        room_id,
+                        sid,
+                        UtdReason.MALFORMED,
+                        f"Megolm decryption failed: {exc}",
+                        RefusalCode.MALFORMED,
+                    )
+                )
+                continue
+            seen = seen_of.setdefault(sid, {})
+            first = seen.get(index)
+            mine = digest(event.event_id)
+            if first is not None and first != mine:
+                append(
+                    _utd(
+                        event,
+                        room_id,
+                        sid,
+                        UtdReason.MALFORMED,
+                        f"message index {index} of this session was already used by another"
+                        " event (replay)",
+                        RefusalCode.MEGOLM_REPLAY,
+                    )
+                )
+                continue
+            result = self._checked(event, room_id, entry, trust, index, decrypted.plaintext)
+            if first is None and isinstance(result, DecryptedEvent):
+                seen[index] = mine
+                self._new_seen.append(SeenRecord(sid, index, mine))
+            append(result)
+        return out
 
-        if content.get("algorithm") != MEGOLM:
-            return utd(
-                UtdReason.MALFORMED,
-                f"not a Megolm event: {content.get('algorithm')!r}",
-                RefusalCode.UNSUPPORTED_ALGORITHM,
+    def _missing(self, event: ClientEvent, room_id: str, sid: str) -> UnableToDecrypt:
+        withheld = self._withheld.get((room_id, sid))
+        if withheld is not None:
+            return _utd(
+                event, room_id, sid, UtdReason.WITHHELD, withheld.reason, code=withheld.code
             )
-        ciphertext = content.get("ciphertext")
-        if sid is None or not isinstance(ciphertext, str):
-            return utd(UtdReason.MALFORMED, "no session_id or ciphertext", RefusalCode.MALFORMED)
-        entry = self._sessions.get((room_id, sid))
-        if entry is None:
-            withheld = self._withheld.get((room_id, sid))
-            if withheld is not None:
-                return utd(UtdReason.WITHHELD, withheld.reason, code=withheld.code)
-            return utd(UtdReason.MISSING_ROOM_KEY, "no key for this session")
-        claimed = content.get("sender_key")
-        if isinstance(claimed, str) and claimed != entry.key.sender_key:
-            return utd(
-                UtdReason.MALFORMED,
-                "the event names another sender key than its session",
-                RefusalCode.SESSION_MISMATCH,
-            )
+        return _utd(event, room_id, sid, UtdReason.MISSING_ROOM_KEY, "no key for this session")
+
+    @staticmethod
+    def _checked(
+        event: ClientEvent,
+        room_id: str,
+        entry: _Inbound,
+        trust: TrustLevel,
+        index: int,
+        plaintext: bytes,
+    ) -> DecryptedEvent | UnableToDecrypt:
+        """The decrypted payload, if it is an event of this room sent by the session's
+        owner."""
+        sid = entry.key.session_id
         try:
-            message = vodozemac.MegolmMessage.from_base64(ciphertext)
-        except (vodozemac.DecodeException, ValueError) as exc:
-            return utd(
-                UtdReason.MALFORMED, f"ciphertext does not decode: {exc}", RefusalCode.MALFORMED
-            )
-        index = message.message_index()
-        if index < entry.first_known_index:
-            return utd(
-                UtdReason.UNKNOWN_MESSAGE_INDEX,
-                f"index {index} precedes the first known index {entry.first_known_index}",
-            )
-        try:
-            decrypted = entry.session.decrypt(message)
-        except vodozemac.MegolmDecryptionException as exc:
-            return utd(
-                UtdReason.MALFORMED, f"Megolm decryption failed: {exc}", RefusalCode.MALFORMED
-            )
-        digest = self._keys.event_digest(event.event_id)
-        seen = self._seen.setdefault(sid, {})
-        first = seen.get(index)
-        if first is not None and first != digest:
-            return utd(
-                UtdReason.MALFORMED,
-                f"message index {index} of this session was already used by another event (replay)",
-                RefusalCode.MEGOLM_REPLAY,
-            )
-        try:
-            payload: Any = _decode(decrypted.plaintext)
+            payload: Any = _decode(plaintext)
         except msgspec.DecodeError as exc:
-            return utd(UtdReason.MALFORMED, f"plaintext is not JSON: {exc}", RefusalCode.MALFORMED)
-        if not (
-            isinstance(payload, dict)
-            and isinstance(payload.get("type"), str)
-            and isinstance(payload.get("content"), dict)
-        ):
-            return utd(
-                UtdReason.MALFORMED, "plaintext lacks type or content", RefusalCode.MALFORMED
+            return _utd(
+                event,
+                room_id,
+                sid,
+                UtdReason.MALFORMED,
+                f"plaintext is not JSON: {exc}",
+                RefusalCode.MALFORMED,
+            )
+        inner = payload.get("content") if isinstance(payload, dict) else None
+        if not (isinstance(inner, dict) and isinstance(payload.get("type"), str)):
+            return _utd(
+                event,
+                room_id,
+                sid,
+                UtdReason.MALFORMED,
+                "plaintext lacks type or content",
+                RefusalCode.MALFORMED,
             )
         if payload.get("room_id") != room_id:
-            return utd(
+            return _utd(
+                event,
+                room_id,
+                sid,
                 UtdReason.MALFORMED,
                 f"plaintext names room {payload.get('room_id')!r}",
                 RefusalCode.MISMATCHED_IDS,
             )
         key = entry.key
         if key.sender_user is not None and key.sender_user != event.sender:
-            return utd(
+            return _utd(
+                event,
+                room_id,
+                sid,
                 UtdReason.UNTRUSTED,
                 f"sent by {event.sender} with a session of {key.sender_user}",
                 RefusalCode.SENDER_MISMATCH,
             )
-        if first is None:
-            seen[index] = digest
-            self._new_seen.append(SeenRecord(sid, index, digest))
-        inner = payload["content"]
-        relates = content.get("m.relates_to")
+        relates = event.content.get("m.relates_to")
         if relates is not None and "m.relates_to" not in inner:
             inner = {**inner, "m.relates_to": relates}
         return DecryptedEvent(
-            event_id=event.event_id,
-            room_id=room_id,
-            sender=event.sender,
-            type=payload["type"],
-            content=inner,
-            session_id=sid,
-            message_index=index,
-            sender_key=key.sender_key,
-            sender_device=key.sender_device,
-            trust=self._trust(key),
-            forwarded=key.forwarded,
+            event.event_id,
+            room_id,
+            event.sender,
+            payload["type"],
+            inner,
+            sid,
+            index,
+            key.sender_key,
+            key.sender_device,
+            trust,
+            key.forwarded,
         )
 
     def _trust(self, key: RoomKey) -> TrustLevel:
@@ -349,3 +444,17 @@ class InboundGroupSessions:
         if device is None or device.ed25519 != key.signing_key:
             return TrustLevel.UNSIGNED
         return device.trust
+
+
+def _utd(
+    event: ClientEvent,
+    room_id: str,
+    sid: str | None,
+    reason: UtdReason,
+    detail: str,
+    refusal: RefusalCode | None = None,
+    code: str | None = None,
+) -> UnableToDecrypt:
+    if refusal is not None:
+        log.warning("refused %s in %s from %s: %s", event.event_id, room_id, event.sender, detail)
+    return UnableToDecrypt(event.event_id, room_id, sid, reason, detail, code, refusal)

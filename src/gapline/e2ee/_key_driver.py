@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from gapline.matrix import (
@@ -27,10 +29,14 @@ from gapline.matrix import (
 from ._backup import BackupTrust, RestoreReport, entries, merge_reports
 from ._driver import CryptoDriver
 from ._recovery import RecoverySetup, SecretStorageState, recover, setup_recovery
+from ._types import RoomKeyId
 
 __all__ = [
+    "BackupEntries",
     "bootstrap_cross_signing",
     "enable_backup",
+    "fetch_backup_room",
+    "fetch_backup_sessions",
     "fetch_secret_storage",
     "recover_from_server",
     "restore_backup",
@@ -196,6 +202,64 @@ async def restore_backup(
         await asyncio.sleep(0)
     await driver.commit()
     return merge_reports(reports)
+
+
+@dataclass(frozen=True, slots=True)
+class BackupEntries:
+    """What a backup version answered for the sessions asked, not yet imported: restore
+    them with ``machine.backup.restore_entries(version, entries)``."""
+
+    version: str
+    entries: tuple[tuple[str, str, KeyBackupData], ...]
+    missing: tuple[RoomKeyId, ...] = ()  # asked for, and not in the backup
+
+
+async def fetch_backup_sessions(
+    driver: CryptoDriver, keys: Iterable[RoomKeyId], *, version: str, concurrency: int = 8
+) -> BackupEntries:
+    """``GET /room_keys/keys/{roomId}/{sessionId}`` for each key (each once, up to
+    ``concurrency`` at a time). Nothing is imported or committed here, so the caller
+    imports under its own lock. A 404 is a session the backup lacks; any other failure
+    raises the first `MatrixError` once every request has settled."""
+    wanted = list(dict.fromkeys(keys))
+    found: dict[RoomKeyId, KeyBackupData] = {}
+    missing: list[RoomKeyId] = []
+    failures: list[MatrixError] = []
+    gate = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(key: RoomKeyId) -> None:
+        request = crypto_api.room_keys_get(version, key.room_id, key.session_id)
+        async with gate:
+            try:
+                found[key] = await driver.client.request(request, KeyBackupData)
+            except NotFound:
+                missing.append(key)
+            except MatrixError as exc:
+                failures.append(exc)
+
+    async with asyncio.TaskGroup() as tg:
+        for key in wanted:
+            tg.create_task(one(key))
+    if failures:
+        raise failures[0]
+    return BackupEntries(
+        version,
+        tuple((k.room_id, k.session_id, found[k]) for k in wanted if k in found),
+        tuple(k for k in wanted if k in missing),
+    )
+
+
+async def fetch_backup_room(driver: CryptoDriver, room_id: str, *, version: str) -> BackupEntries:
+    """``GET /room_keys/keys/{roomId}``: every session the version holds for the room,
+    not yet imported (see `fetch_backup_sessions`); a room it lacks has none."""
+    request = crypto_api.room_keys_get(version, room_id)
+    try:
+        room = await driver.client.request(request, RoomKeysRoomResponse)
+    except NotFound:
+        return BackupEntries(version, ())
+    return BackupEntries(
+        version, tuple((room_id, sid, entry) for sid, entry in sorted(room.sessions.items()))
+    )
 
 
 async def _publish_signatures(driver: CryptoDriver, body: Any) -> None:

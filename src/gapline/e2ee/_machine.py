@@ -308,8 +308,11 @@ class CryptoMachine:
     def decrypt_room_events(
         self, room_id: str, events: Iterable[ClientEvent]
     ) -> list[DecryptedEvent | UnableToDecrypt]:
-        decrypt, policy = self.inbound.decrypt, self.sharing
-        return [apply_policy(policy, decrypt(room_id, e)) for e in events]
+        results = self.inbound.decrypt_many(room_id, events)
+        policy = self.sharing
+        if policy is SharingPolicy.ALL_DEVICES:
+            return results
+        return [apply_policy(policy, r) for r in results]
 
     def share_room_key(
         self,

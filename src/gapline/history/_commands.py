@@ -17,10 +17,13 @@ MSGTYPES = ("m.text", "m.emote", "m.notice")
 __all__ = [
     "MSGTYPES",
     "AcceptInvite",
+    "AcceptVerification",
     "Cancel",
     "CancelSend",
+    "CancelVerification",
     "CloseRoom",
     "Command",
+    "ConfirmVerification",
     "CreateRoom",
     "DeclineInvite",
     "DumpState",
@@ -44,6 +47,7 @@ __all__ = [
     "SetTyping",
     "ShrinkTimeline",
     "Shutdown",
+    "StartVerification",
 ]
 
 
@@ -284,6 +288,41 @@ class CreateRoom:
 
 
 @dataclass(frozen=True, slots=True)
+class StartVerification:
+    """Ask to verify ``user_id`` interactively (emoji or numbers): one of its devices
+    (``device_id``), else every device it has (over to-device), or, with ``room_id``, in
+    that room (the way to verify another user in a shared room). ``Ok`` once the request
+    is out; the flow shows in ``VerificationChanged`` events."""
+
+    user_id: str
+    device_id: str | None = None
+    room_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptVerification:
+    """Agree to a verification another device asked for (its request, or its start)."""
+
+    flow_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmVerification:
+    """The person compared the emoji (or numbers): ``matches`` says they are the same
+    on both screens; ``False`` ends the flow and tells the other side so."""
+
+    flow_id: str
+    matches: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CancelVerification:
+    """End a verification that has not finished (the other side is told)."""
+
+    flow_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Shutdown:
     """Close every open room (each publishes ``Idle``) and stop the engine."""
 
@@ -315,6 +354,10 @@ Command: TypeAlias = (
     | AcceptInvite
     | DeclineInvite
     | CreateRoom
+    | StartVerification
+    | AcceptVerification
+    | ConfirmVerification
+    | CancelVerification
     | InviteUser
     | SetTopic
 )

@@ -19,7 +19,7 @@ leaves to its caller:
   a trusted backup version is in use), so a new device can recover them;
 - the machine's changes are taken for the caller to save **in the write of
   what caused them** (the sync token, a page), and the keys that arrived name
-  the sessions whose retained events heal.
+  the sessions whose retained events heal (``_heal_pass``).
 
 A failed write leaves the machine ahead of the store: :meth:`reopen` reloads
 it from what is durable. :attr:`lock` keeps a sync step, a key share and the
@@ -39,10 +39,8 @@ from gapline.e2ee import (
     SELF_SIGNING_SECRET,
     Changes,
     CryptoDriver,
-    DecryptedEvent,
     KeyUpdates,
     RestoreReport,
-    RoomKeyId,
     enable_backup,
     merge_updates,
     recover_from_server,
@@ -52,8 +50,7 @@ from gapline.e2ee import (
 )
 from gapline.history._cache_store import CacheStore
 from gapline.history._decryption import ENCRYPTED, as_cached, unmarked
-from gapline.history._healing import UTD_MIGRATIONS, UTD_SCHEMA, undecrypted_of
-from gapline.history._updates import StoredEvent
+from gapline.history._healing import UTD_MIGRATIONS, UTD_SCHEMA, index_unmarked
 from gapline.matrix import ClientEvent, MatrixClient, MatrixError, SyncResponse
 from gapline.storage import StorageError
 
@@ -102,6 +99,7 @@ class EngineCrypto:
             if self.driver is None:
                 backend = self._store.backend
                 await backend.migrate(UTD_SCHEMA, UTD_MIGRATIONS)
+                await index_unmarked(self._store)
                 self.driver = await CryptoDriver.open(backend, client, self._store_key)
                 await self.send_outgoing()  # device keys and one-time keys, when new
         return self.driver
@@ -194,36 +192,6 @@ class EngineCrypto:
         new_rooms = msgspec.structs.replace(response.rooms, join=rooms)
         return msgspec.structs.replace(response, rooms=new_rooms), updates
 
-    async def healing(
-        self, keys: Iterable[RoomKeyId]
-    ) -> dict[str, list[tuple[StoredEvent, ClientEvent]]]:
-        """The retained undecryptable events of these sessions that decrypt now, by room:
-        each as it was read, with its plaintext event as the cache keeps it."""
-        by_room: dict[str, set[str]] = {}
-        for key in keys:
-            by_room.setdefault(key.room_id, set()).add(key.session_id)
-        if not by_room or self.driver is None:
-            return {}
-        store = self._store
-        out: dict[str, list[tuple[StoredEvent, ClientEvent]]] = {}
-        for room_id, sessions in by_room.items():
-            retained = await store.backend.read(
-                lambda tx, r=room_id, s=sessions: undecrypted_of(store, tx, r, s)
-            )
-            if not retained:
-                continue
-            results = await self.driver.decrypt_room_events(
-                room_id, [h.event for h in retained], batch=BATCH
-            )
-            healed = [
-                (h, as_cached(h.event, r))
-                for h, r in zip(retained, results, strict=True)
-                if isinstance(r, DecryptedEvent)
-            ]
-            if healed:
-                out[room_id] = healed
-        return out
-
     async def send_outgoing(self) -> KeyUpdates:
         """Send what the machine queued (key upload, queries, claims, to-device); what
         the answers delivered (keys: heal their sessions)."""
@@ -241,10 +209,11 @@ class EngineCrypto:
             log.warning("end-to-end encryption request %s failed: %s", kind.value, exc)
         return result.updates
 
-    async def recover(self, recovery_key: str) -> RestoreReport:
+    async def recover(self, recovery_key: str, *, restore: bool = True) -> RestoreReport:
         """Recover the account's secrets with the recovery key, sign this device with
-        the recovered self-signing key, take up the backup and restore its keys; the
-        caller heals the retained events of ``imported``.
+        the recovered self-signing key, take up the backup and (``restore``) restore all
+        its keys; the caller heals the retained events of ``imported``. Without
+        ``restore`` nothing is imported here: the keys are fetched as rooms show them.
 
         Raises `WrongRecoveryKey` / `RecoveryKeyInvalid` / `SecretStorageError` before
         anything is changed or saved; `MatrixError` when the server cannot be asked."""
@@ -262,6 +231,12 @@ class EngineCrypto:
             trust = await enable_backup(driver, create=False)
             if trust is None:
                 log.warning("the account has no key backup: no keys to restore")
+                return RestoreReport((), 0, ())
+            if not restore:
+                log.info(
+                    "took up backup version %s: its keys are restored as rooms show them",
+                    trust.version,
+                )
                 return RestoreReport((), 0, ())
             report = await restore_backup(driver, version=trust.version)
         for refusal in report.refusals:

@@ -26,7 +26,15 @@ from gapline.e2ee import DecryptedEvent, UnableToDecrypt, UtdReason
 from gapline.history._items import Undecrypted
 from gapline.matrix import ClientEvent
 
-__all__ = ["ENCRYPTED", "MARK", "as_cached", "decryption_of", "is_undecrypted", "unmarked"]
+__all__ = [
+    "ENCRYPTED",
+    "MARK",
+    "as_cached",
+    "awaits_key",
+    "decryption_of",
+    "is_undecrypted",
+    "unmarked",
+]
 
 ENCRYPTED = "m.room.encrypted"
 MARK = "io.gapline.decryption"
@@ -81,4 +89,17 @@ def decryption_of(event: ClientEvent) -> tuple[bool, Undecrypted | None]:
 def is_undecrypted(event: ClientEvent) -> bool:
     """Retained as ciphertext, waiting for its key."""
     mark = event.unsigned.get(MARK)
+    return isinstance(mark, dict) and "reason" in mark
+
+
+def awaits_key(event: ClientEvent) -> bool:
+    """Retained as ciphertext and decryptable once its key is here: marked undecryptable,
+    or stored before this device decrypted anything (never tried, so unmarked)."""
+    mark = event.unsigned.get(MARK)
+    if mark is None:
+        return (
+            event.type == ENCRYPTED
+            and event.state_key is None
+            and event.unsigned.get("redacted_because") is None
+        )
     return isinstance(mark, dict) and "reason" in mark

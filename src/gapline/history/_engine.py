@@ -19,10 +19,13 @@ open rooms and dispatches commands. The work lives beside it:
   redactions, edits, read markers, typing);
 - ``_send_queue``: the durable send queue messages go through, and its worker;
 - ``_joining``: joining, leaving, invites, creating rooms, topics;
-- ``_threads``: thread views; ``_quotes``: fetching replied-to events.
+- ``_threads``: thread views; ``_quotes``: fetching replied-to events;
+- ``_backup_fetch``: keys from the key backup for what the open rooms show;
+- ``_verifying``: interactive verification (SAS) flows, fed from sync.
 
 Task ownership: the engine owns one ``TaskGroup``. In it run the sync loop,
-the send queue's worker and, per open room, at most one *operation*. ``Cancel``, ``CloseRoom`` and
+the send queue's worker, the key-backup fetch (``_backup_fetch``, with
+``e2ee``) and, per open room, at most one *operation*. ``Cancel``, ``CloseRoom`` and
 ``Shutdown`` cancel an operation; the operation itself turns the cancellation
 into its published outcome (``Cancelled``) and its answer (``Interrupted``),
 so every outcome is published by the task that owns it.
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from gapline.e2ee import Device, KeyUpdates, RestoreReport
+from gapline.history._backup_fetch import BackupFetcher
 from gapline.history._cache_store import CacheStore, Cipher
 from gapline.history._commits import Commits
 from gapline.history._crypto import EngineCrypto
@@ -57,11 +61,14 @@ from gapline.history._threads import Threads
 from gapline.history._timeline import Timeline
 from gapline.history._types import (
     AcceptInvite,
+    AcceptVerification,
     Answer,
     Cancel,
     CancelSend,
+    CancelVerification,
     CloseRoom,
     Command,
+    ConfirmVerification,
     CreateRoom,
     DeclineInvite,
     DumpState,
@@ -96,9 +103,11 @@ from gapline.history._types import (
     SetTyping,
     ShrinkTimeline,
     Shutdown,
+    StartVerification,
     TypingChanged,
 )
 from gapline.history._upgrade import finish_upgrades
+from gapline.history._verifying import Verifying
 from gapline.history._walks import Walks
 from gapline.matrix import MatrixClient, SyncResponse
 from gapline.storage import Backend, open_backend, open_cipher, tune_sqlite_writer
@@ -141,6 +150,10 @@ class Engine:
         self._rooms: dict[str, Room] = {}
         self._commits = Commits(store, self._rooms)
         self._operations = Operations(tg)
+        self.backup_fetch: BackupFetcher | None = None
+        """Keys fetched from the key backup for what the open rooms show (with ``e2ee``)."""
+        if self.crypto is not None:
+            self.backup_fetch = BackupFetcher(self.crypto, store, self._rooms, self._heal_keys)
         self._walks = Walks(
             store=store,
             client=client,
@@ -150,6 +163,7 @@ class Engine:
             commits=self._commits,
             operations=self._operations,
             crypto=self.crypto,
+            backup=self.backup_fetch,
         )
         self._send_queue = SendQueue(
             store,
@@ -160,6 +174,7 @@ class Engine:
             backoff=config.send_backoff_s,
             crypto=self.crypto,
         )
+        self._verifying = None if self.crypto is None else Verifying(self.crypto, publish, tg)
         self._sync = Sync(
             store,
             client,
@@ -169,7 +184,8 @@ class Engine:
             timeout_ms=sync_timeout_ms,
             typing=self._typing,
             crypto=self.crypto,
-            after_ingest=self._send_queue.synced,
+            after_ingest=self._synced,
+            verifying=self._verifying,
         )
         self._quotes = Quotes(client, self._commits, tg, self.flush_history, crypto=self.crypto)
         self._sending = Sending(store, client, self._commits, self.flush_history, self._send_queue)
@@ -189,6 +205,9 @@ class Engine:
         store.me = None if client is None else client.user_id
         self._sync_task: asyncio.Task[None] | None = None
         self._send_task: asyncio.Task[None] | None = None
+        self._fetch_task: asyncio.Task[None] | None = None
+        if self.backup_fetch is not None:
+            self._fetch_task = tg.create_task(self.backup_fetch.run(), name="history-key-fetch")
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -298,11 +317,13 @@ class Engine:
         self._closed = True
         for room_id in list(self._rooms):
             await self._close_room(room_id)
-        for task in (self._sync_task, self._send_task):
+        for task in (self._sync_task, self._send_task, self._fetch_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self._verifying is not None:
+            await self._verifying.close()
         await self._commits.drain()
 
     # -- public surface --------------------------------------------------------------------
@@ -361,16 +382,30 @@ class Engine:
         timelines."""
         return await self._sync.once(timeout_ms=timeout_ms, since=since, initial=initial)
 
-    async def recover_keys(self, recovery_key: str) -> RestoreReport:
+    async def recover_keys(self, recovery_key: str, *, restore_all: bool = False) -> RestoreReport:
         """Recover the account's keys with its recovery key (secret storage, then the
-        server-side key backup) and heal in place every retained undecryptable row they
-        open. Needs a logged-in client and ``e2ee``; a wrong key (`WrongRecoveryKey`)
-        changes nothing."""
+        server-side key backup). Its keys are then fetched as the rooms show them (see
+        ``_backup_fetch``); ``restore_all`` restores the whole backup now instead, and
+        heals in place every retained undecryptable row its keys open. Needs a
+        logged-in client and ``e2ee``; a wrong key (`WrongRecoveryKey`) changes nothing."""
         if self.crypto is None:
             raise RuntimeError("the engine was opened without end-to-end encryption")
-        report = await self.crypto.recover(recovery_key)
-        await self._sync.after_keys(self.crypto, KeyUpdates(room_keys=report.imported))
+        report = await self.crypto.recover(recovery_key, restore=restore_all)
+        await self._heal_keys(KeyUpdates(room_keys=report.imported))
+        if self.backup_fetch is not None:
+            for room_id in self._rooms:
+                self.backup_fetch.opened(room_id)
+            self.backup_fetch.wake()
         return report
+
+    async def _heal_keys(self, updates: KeyUpdates) -> None:
+        assert self.crypto is not None
+        await self._sync.after_keys(self.crypto, updates)
+
+    async def _synced(self) -> None:
+        await self._send_queue.synced()
+        if self.backup_fetch is not None:
+            self.backup_fetch.wake()
 
     async def ingest(self, response: SyncResponse) -> None:
         """Commit one sync answer: every joined room's events and gaps, then ``next_batch``.
@@ -477,6 +512,15 @@ class Engine:
                 return Ok()
             case DumpState():
                 return Invalid("DumpState is answered by the bridge's mirror, not the engine")
+            case (
+                StartVerification()
+                | AcceptVerification()
+                | ConfirmVerification()
+                | (CancelVerification())
+            ):
+                verifying = self._verifying
+                off = Failed("verification needs end-to-end encryption (the engine runs without)")
+                return off if verifying is None else await verifying.execute(command)
         return Invalid(f"unknown command {command!r}")
 
     # -- rooms -----------------------------------------------------------------------------
@@ -530,6 +574,8 @@ class Engine:
         timeline.note_quotes()
         # The recent load starts only after the reset is out: opening never waits on it.
         await self._walks.start_recent(room)
+        if self.backup_fetch is not None:
+            self.backup_fetch.opened(room_id)
         return Ok()
 
     def _open(self, room_id: str, thread_root: str | None = None) -> Room | None:
@@ -581,6 +627,8 @@ class Engine:
             await self._operations.stop(thread)
         await self._operations.stop(room)
         await self._quotes.forget(room_id)
+        if self.backup_fetch is not None:
+            self.backup_fetch.closed(room_id)
         self._rooms.pop(room_id, None)
         room.recent = RecentHistoryState.IDLE
         for thread in list(room.threads.values()):

@@ -3,14 +3,18 @@
 An event that could not be decrypted is a row like any other (its ciphertext
 body sealed at rest like every body) plus an entry in ``history_utd``
 (schema ``history_e2ee``): (room, keyed hash of the session id, keyed hash of
-the event id). When a session's key arrives, :func:`undecrypted_of` reads
-that session's retained events, the caller decrypts them on the event loop,
-and :func:`heal` rewrites each one that decrypted, in one write: the stored
+the event id). So is a quoted event fetched on its own (``/context``), kept
+detached, and an event stored as ciphertext before the store had a crypto
+machine (:func:`index_unmarked` indexes those once). When a session's key
+arrives, :func:`pending_heal` says where that session's events are, the
+caller reads them in chunks (:func:`retained_chunk`), decrypts them on the
+event loop, and :func:`heal` rewrites each one that decrypted: the stored
 event becomes the plaintext event, it passes the relation rules as if it had
-just arrived (an edit applies, a reaction counts), and its row changes by one
-``RowChanged`` (a ``Set`` diff, same row id, never a reset). An event that
-still does not decrypt keeps its entry; an entry whose event is gone or
-already decrypted is dropped.
+just arrived (an edit applies, a reaction counts), and its row changes by
+one ``RowChanged`` (a ``Set`` diff, same row id, never a reset). A quote
+heals by :func:`heal_detached` (its replies requote it). An event that
+still does not decrypt keeps its entry; an entry whose event is gone or no
+longer waits for a key is dropped.
 
 The schema is its own (``history_e2ee``) so it migrates independently of the
 cache's numbered migrations.
@@ -18,23 +22,35 @@ cache's numbered migrations.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from gapline.history._cache_store import CacheStore
-from gapline.history._decryption import MARK, is_undecrypted
+from gapline.history._cache_store import CacheStore, split_timeline_key
+from gapline.history._decryption import MARK, awaits_key
 from gapline.history._sections import Sections
-from gapline.history._updates import StoredEvent, Update
+from gapline.history._updates import Key, Room, StoredEvent, Update
 from gapline.matrix import ClientEvent
 from gapline.storage import Migration, Tx
 
 __all__ = [
     "UTD_MIGRATIONS",
     "UTD_SCHEMA",
+    "PendingHeal",
+    "detached_pending",
+    "drop_entries",
     "heal",
+    "heal_detached",
     "index_undecrypted",
-    "undecrypted_of",
+    "index_unmarked",
+    "pending_heal",
+    "retained_chunk",
     "undecrypted_sessions",
 ]
+
+log = logging.getLogger("gapline.history")
+
+SCAN_CHUNK = 2000
 
 UTD_SCHEMA = "history_e2ee"
 
@@ -48,13 +64,23 @@ CREATE TABLE history_utd (
 ) WITHOUT ROWID;
 """
 
+_SQLITE_V2 = """
+-- Work left for the engine once: index the events retained as ciphertext before this
+-- store had a crypto machine (stored unmarked, never tried); the row goes when done.
+CREATE TABLE history_utd_scan (
+    step TEXT PRIMARY KEY           -- 'unmarked'
+);
+INSERT INTO history_utd_scan (step) VALUES ('unmarked');
+"""
+
 UTD_MIGRATIONS = [
     Migration(
         1,
         "undecryptable events by Megolm session",
         sqlite=_SQLITE_V1,
         postgres=_SQLITE_V1.replace(") WITHOUT ROWID;", ");").replace("BLOB", "BYTEA"),
-    )
+    ),
+    Migration(2, "index the events stored before the crypto machine", sqlite=_SQLITE_V2),
 ]
 
 
@@ -74,17 +100,23 @@ def _session_of(event: ClientEvent) -> str:
 def index_undecrypted(
     store: CacheStore, tx: Tx, room_id: str, events: Iterable[ClientEvent]
 ) -> None:
-    """Remember the undecryptable events among ``events`` under their sessions."""
-    marked = [e for e in events if is_undecrypted(e)]
-    if not marked:
+    """Remember the events among ``events`` that wait for a key, under their sessions."""
+    waiting = [e for e in events if awaits_key(e)]
+    if not waiting:
         return
     room = store.note_room(tx, room_id)
     rows = []
-    for event in marked:
+    sessions: dict[str, tuple[bytes, bytes]] = {}
+    for event in waiting:
         session_id = _session_of(event)
-        skey = _session_key(store, session_id)
-        sealed = store.cipher.encrypt(session_id.encode(), room.key + skey)
-        rows.append((room.rid, skey, sealed, store.event_key(event.event_id)))
+        known = sessions.get(session_id)
+        if known is None:
+            skey = _session_key(store, session_id)
+            known = sessions[session_id] = (
+                skey,
+                store.cipher.encrypt(session_id.encode(), room.key + skey),
+            )
+        rows.append((room.rid, known[0], known[1], store.event_key(event.event_id)))
     tx.executemany(
         "INSERT INTO history_utd (room, session, session_id, event) VALUES (?, ?, ?, ?)"
         " ON CONFLICT DO NOTHING",
@@ -110,35 +142,109 @@ def undecrypted_sessions(store: CacheStore, tx: Tx) -> list[tuple[str, str]]:
     return out
 
 
-def undecrypted_of(
+@dataclass(frozen=True, slots=True)
+class PendingHeal:
+    """A room's index entries of the sessions a key arrived for, by where the event is:
+    a row (oldest first, healed in chunks), a detached event (a quote), or gone."""
+
+    room: Room
+    rows: list[tuple[int, int, bytes, bytes]]  # (ord, pos, event hash, session hash)
+    detached: list[tuple[bytes, bytes]]  # (event hash, session hash)
+    gone: list[tuple[bytes, bytes]]
+
+
+def pending_heal(
     store: CacheStore, tx: Tx, room_id: str, session_ids: Iterable[str]
-) -> list[StoredEvent]:
-    """The retained undecryptable events of these sessions in the room, oldest first."""
+) -> PendingHeal | None:
+    """Where the retained events of these sessions are (no body read yet)."""
     room = store.find_room(tx, room_id)
     if room is None:
-        return []
-    found: list[StoredEvent] = []
+        return None
+    rows: list[tuple[int, int, bytes, bytes]] = []
+    detached: list[tuple[bytes, bytes]] = []
+    gone: list[tuple[bytes, bytes]] = []
     for session_id in dict.fromkeys(session_ids):
-        # One join in the index's order: no list of ids to pass back in chunks.
-        for ord_, pos, event, body in tx.all(
-            "SELECT e.ord, e.pos, e.event, e.body FROM history_utd u"
-            " JOIN history_event e ON e.room = u.room AND e.event = u.event"
+        skey = _session_key(store, session_id)
+        for event, ord_, pos, quoted in tx.all(
+            "SELECT u.event, e.ord, e.pos, d.event IS NOT NULL FROM history_utd u"
+            " LEFT JOIN history_event e ON e.room = u.room AND e.event = u.event"
+            " LEFT JOIN history_detached d ON d.room = u.room AND d.event = u.event"
             " WHERE u.room = ? AND u.session = ?",
-            (room.rid, _session_key(store, session_id)),
+            (room.rid, skey),
         ):
-            stored, name = store.open_body(room.key + bytes(event), body)
-            if is_undecrypted(stored):
-                found.append(StoredEvent(int(ord_), int(pos), stored, name))
-    found.sort(key=lambda f: f.key)
-    return found
+            if ord_ is not None:
+                rows.append((int(ord_), int(pos), bytes(event), skey))
+            elif quoted:
+                detached.append((bytes(event), skey))
+            else:
+                gone.append((bytes(event), skey))
+    if not (rows or detached or gone):
+        return None
+    rows.sort()
+    return PendingHeal(room, rows, detached, gone)
+
+
+def retained_chunk(
+    store: CacheStore, tx: Tx, room: Room, rows: Sequence[tuple[int, int, bytes, bytes]]
+) -> tuple[list[tuple[StoredEvent, bytes, bytes]], list[tuple[bytes, bytes]]]:
+    """The events of these entries that still wait for a key, oldest first, each with
+    its entry (event hash, session hash), and the entries whose event no longer waits
+    (decrypted since, or gone)."""
+    by_key = {event: skey for _, _, event, skey in rows}
+    found: list[tuple[StoredEvent, bytes, bytes]] = []
+    marks = ",".join("?" * len(by_key))
+    for ord_, pos, event, body in tx.all(
+        f"SELECT ord, pos, event, body FROM history_event WHERE room = ? AND event IN ({marks})",
+        (room.rid, *by_key),
+    ):
+        event = bytes(event)
+        stored, name = store.open_body(room.key + event, body)
+        if awaits_key(stored):
+            found.append((StoredEvent(int(ord_), int(pos), stored, name), event, by_key.pop(event)))
+    found.sort(key=lambda f: f[0].key)
+    return found, list(by_key.items())
+
+
+def detached_pending(
+    store: CacheStore, tx: Tx, room: Room, entries: Sequence[tuple[bytes, bytes]]
+) -> tuple[list[ClientEvent], list[tuple[bytes, bytes]]]:
+    """The detached events (quotes) of these entries that wait for a key, and the
+    entries that no longer do."""
+    by_key = dict(entries)
+    found: list[ClientEvent] = []
+    seen: set[bytes] = set()
+    marks = ",".join("?" * len(by_key))
+    for event, body in tx.all(
+        f"SELECT event, body FROM history_detached WHERE room = ? AND event IN ({marks})"
+        " AND body IS NOT NULL",
+        (room.rid, *by_key),
+    ):
+        event = bytes(event)
+        stored = store.open_body(room.key + b"det" + event, body)[0]
+        if awaits_key(stored):
+            seen.add(event)
+            found.append(stored)
+    return found, [(e, s) for e, s in by_key.items() if e not in seen]
+
+
+def drop_entries(tx: Tx, room: Room, entries: Iterable[tuple[bytes, bytes]]) -> None:
+    """Forget index entries (event hash, session hash) of the room."""
+    tx.executemany(
+        "DELETE FROM history_utd WHERE room = ? AND session = ? AND event = ?",
+        [(room.rid, skey, event) for event, skey in entries],
+    )
 
 
 def heal(
-    store: CacheStore, tx: Tx, room_id: str, healed: Sequence[tuple[StoredEvent, ClientEvent]]
+    store: CacheStore,
+    tx: Tx,
+    room_id: str,
+    healed: Sequence[StoredEvent],
+    entries: Iterable[tuple[bytes, bytes]],
 ) -> dict[str, list[Update]]:
-    """Rewrite retained events that decrypted now (each: as it was read, under the crypto
-    lock, and its plaintext event as the cache keeps it) and show them; drop their index
-    entries.
+    """Rewrite retained events that decrypted now (each: where it was read, under the
+    crypto lock, holding its plaintext event as the cache keeps it) and show them; drop
+    their index ``entries`` (event hash, session hash).
 
     Only healing rewrites an undecryptable event's body, and every heal runs under the
     engine's crypto lock, so what was read is what is stored (keys never move; a
@@ -146,15 +252,71 @@ def heal(
     if not healed:
         return {}
     sections = Sections(store, tx, room_id)
-    sections.heal([StoredEvent(h.ord, h.pos, event, h.sender_name) for h, event in healed])
-    rid, known = sections.room.rid, sections.known_keys  # hashed by the heal already
-    sessions: dict[str, bytes] = {}  # a heal is one session's events, mostly: hash it once
-    rows = []
-    for h, _ in healed:
-        session_id = _session_of(h.event)
-        skey = sessions.get(session_id)
-        if skey is None:
-            skey = sessions[session_id] = _session_key(store, session_id)
-        rows.append((rid, skey, known.get(h.event_id) or store.event_key(h.event_id)))
-    tx.executemany("DELETE FROM history_utd WHERE room = ? AND session = ? AND event = ?", rows)
+    sections.heal(healed)
+    drop_entries(tx, sections.room, entries)
     return {room_id: sections.updates}
+
+
+def heal_detached(
+    store: CacheStore, tx: Tx, room_id: str, healed: Sequence[tuple[ClientEvent, ClientEvent]]
+) -> dict[str, list[Update]]:
+    """Store quoted events (fetched on their own) that decrypted now, so the replies
+    quoting them show the message; drop their index entries."""
+    if not healed:
+        return {}
+    sections = Sections(store, tx, room_id)
+    for _, event in healed:
+        sections.detach(event.event_id, event)
+    entries = [
+        (store.event_key(before.event_id), _session_key(store, _session_of(before)))
+        for before, _ in healed
+    ]
+    drop_entries(tx, sections.agg_room, entries)
+    return {room_id: sections.updates}
+
+
+def _unmarked_chunk(
+    store: CacheStore, tx: Tx, room_id: str, after: Key | None, limit: int
+) -> tuple[Key | None, int]:
+    """Index the events of one chunk of a room (after ``after``, oldest first) that were
+    stored as ciphertext before this device's crypto machine existed; the chunk's last
+    key (``None``: the room is done) and how many were indexed."""
+    room = store.find_room(tx, room_id)
+    if room is None:
+        return None, 0
+    chunk = store.events_after(tx, room, after, limit)
+    waiting = [s.event for s in chunk if awaits_key(s.event)]
+    index_undecrypted(store, tx, room_id, waiting)
+    return (chunk[-1].key if len(chunk) == limit else None), len(waiting)
+
+
+async def index_unmarked(store: CacheStore) -> int:
+    """Once per store, when its crypto machine first opens: index the events retained as
+    ciphertext before (stored unmarked, with no machine to try them), so the start-up
+    sweep and later keys heal them like any undecryptable event. Chunked, each chunk its
+    own write; an interrupted run starts again (indexing twice is harmless)."""
+    backend = store.backend
+    pending = await backend.read(
+        lambda tx: tx.one("SELECT step FROM history_utd_scan WHERE step = 'unmarked'")
+    )
+    if pending is None:
+        return 0
+    total = 0
+    for name in await backend.read(store.room_ids):
+        room_id, root = split_timeline_key(name)
+        if root is not None:
+            continue  # a thread's own copies heal with their room's rows
+        after: Key | None = None
+        while True:
+            after, count = await backend.write(
+                lambda tx, a=after, r=room_id: _unmarked_chunk(store, tx, r, a, SCAN_CHUNK)
+            )
+            total += count
+            if after is None:
+                break
+    await backend.write(
+        lambda tx: tx.execute("DELETE FROM history_utd_scan WHERE step = 'unmarked'")
+    )
+    if total:
+        log.info("indexed %d events stored encrypted before this device's crypto", total)
+    return total

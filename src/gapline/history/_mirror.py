@@ -23,6 +23,7 @@ rows. Rules, applied per event in publish order:
   ``State.members`` (sorted by user id; one who left or was banned is
   dropped). ``Idle`` drops the room's threads, typing and members too.
 - ``SendQueueChanged`` replaces :attr:`Mirror.send_queue` (the queue's counts).
+- ``VerificationChanged`` replaces the flow's entry in :attr:`Mirror.verifications`.
 
 Attach a mirror to an engine as an :class:`EventSink`: it applies
 synchronously inside ``publish``, so by the time a command's answer is
@@ -50,6 +51,7 @@ from gapline.history._types import (
     TimelineItem,
     TimelineReset,
     TypingChanged,
+    VerificationChanged,
     apply_diffs,
 )
 
@@ -100,6 +102,8 @@ class Mirror:
         self._typing: dict[str, tuple[str, ...]] = {}
         self._members: dict[str, dict[str, Member]] = {}
         self.send_queue = SendQueueChanged()
+        self.verifications: dict[str, VerificationChanged] = {}
+        """The last state of each verification flow, by flow ID (not part of `State`)."""
         """The send queue's counts as last published."""
 
     @property
@@ -180,5 +184,7 @@ class Mirror:
                 self._repairs[report.room_id] = report
             case SendQueueChanged():
                 self.send_queue = event
+            case VerificationChanged(flow_id=flow_id):
+                self.verifications[flow_id] = event
             case _:
                 raise MirrorError(f"not an engine event: {event!r}")

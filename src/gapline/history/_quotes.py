@@ -5,7 +5,9 @@ A loaded reply whose quoted event the cache does not hold quotes it as
 that event (``/context/{event_id}?limit=0``, one request at a time per room)
 and keeps the answer as a detached event of the room, or keeps that the
 server would not return it (not found, not visible, another room's): the
-quote then says ``Unavailable``. Either way an event is asked for once per
+quote then says ``Unavailable``. A fetched event that cannot be decrypted yet
+is indexed like any retained one, and heals (its quotes with it) when its key
+arrives. Either way an event is asked for once per
 engine; a server that is unavailable leaves the quote pending.
 
 Tasks: one fetcher per open room at most, in the engine's ``TaskGroup``;
@@ -20,11 +22,28 @@ from collections.abc import Awaitable, Callable
 
 from gapline.history._commits import Commits
 from gapline.history._crypto import EngineCrypto
-from gapline.matrix import Forbidden, MatrixClient, MatrixError, MatrixHTTPError, NotFound
+from gapline.history._healing import index_undecrypted
+from gapline.history._sections import Sections
+from gapline.matrix import (
+    ClientEvent,
+    Forbidden,
+    MatrixClient,
+    MatrixError,
+    MatrixHTTPError,
+    NotFound,
+)
 
 __all__ = ["Quotes"]
 
 log = logging.getLogger("gapline.history")
+
+
+def _keep(sections: Sections, event_id: str, event: ClientEvent | None, decrypted: bool) -> None:
+    """Store the fetched event detached; one that the crypto machine could not decrypt
+    is indexed, so the quote heals when the key arrives."""
+    sections.detach(event_id, event)
+    if event is not None and decrypted:
+        index_undecrypted(sections.store, sections.tx, sections.room_id, [event])
 
 
 class Quotes:
@@ -84,9 +103,13 @@ class Quotes:
             if event is not None and event.event_id != event_id:
                 event = None
             crypto = self._crypto
-            if event is not None and crypto is not None and await crypto.ensure() is not None:
+            tried = event is not None and crypto is not None and await crypto.ensure() is not None
+            if tried:
+                assert event is not None and crypto is not None
                 [event] = await crypto.decrypt(room_id, [event])
-            await self._commits.room_write(room_id, lambda s, e=event, i=event_id: s.detach(i, e))
+            await self._commits.room_write(
+                room_id, lambda s, e=event, i=event_id, t=tried: _keep(s, i, e, t)
+            )
             await self._flush(room_id)
         self._wanted.pop(room_id, None)
 

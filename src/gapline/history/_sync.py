@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from gapline.e2ee import Changes, E2eeError, KeyUpdates, RoomKeyId, save_changes
@@ -22,10 +22,12 @@ from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
 from gapline.history._crypto import EngineCrypto
 from gapline.history._failures import describe
-from gapline.history._healing import heal, index_undecrypted, undecrypted_sessions
+from gapline.history._heal_pass import heal_sessions
+from gapline.history._healing import index_undecrypted, undecrypted_sessions
 from gapline.history._sections import Sections
-from gapline.history._updates import StoredEvent, Update
-from gapline.matrix import ClientEvent, MatrixClient, MatrixError, SyncResponse, UnknownToken
+from gapline.history._updates import Update
+from gapline.history._verifying import Verifying
+from gapline.matrix import MatrixClient, MatrixError, SyncResponse, UnknownToken
 from gapline.storage import StorageError, Tx
 
 __all__ = ["Sync", "commit_sync", "typing_of"]
@@ -59,23 +61,17 @@ def commit_sync(
 
 
 def commit_encrypted_sync(
-    store: CacheStore,
-    tx: Tx,
-    response: SyncResponse,
-    changes: Changes | None,
-    healed: dict[str, list[tuple[StoredEvent, ClientEvent]]],
+    store: CacheStore, tx: Tx, response: SyncResponse, changes: Changes | None
 ) -> tuple[None, dict[str, list[Update]]]:
     """:func:`commit_sync` of a sync whose encrypted events were decrypted, with the
     crypto machine's changes (Olm state, room keys, to-device delivered: one token, one
-    transaction), its undecryptable events indexed, and the retained events its keys
-    decrypted healed in place."""
+    transaction) and its undecryptable events indexed. The retained events its keys
+    decrypt heal after it, in chunks (``_heal_pass``)."""
     if changes is not None:
         save_changes(tx, changes)
     _, out = commit_sync(store, tx, response)
     for room_id, joined in response.rooms.join.items():
         index_undecrypted(store, tx, room_id, joined.timeline.events)
-    for room_id, events in healed.items():
-        out.setdefault(room_id, []).extend(heal(store, tx, room_id, events).get(room_id, []))
     return None, out
 
 
@@ -105,8 +101,10 @@ class Sync:
         typing: Callable[[str, tuple[str, ...]], Awaitable[None]] | None = None,
         crypto: EngineCrypto | None = None,
         after_ingest: Callable[[], Awaitable[None]] | None = None,
+        verifying: Verifying | None = None,
     ) -> None:
         self._crypto = crypto
+        self._verifying = verifying
         self._store = store
         self._client = client
         self._commits = commits
@@ -154,8 +152,13 @@ class Sync:
         for room_id in dict.fromkeys([*response.rooms.join, *healed]):
             await self._flush_room(room_id)
         if crypto is not None and crypto.ready:
-            await self.after_keys(crypto, await crypto.send_outgoing())
+            sent = await crypto.send_outgoing()
+            if self._verifying is not None:
+                self._verifying.receive_to_device(sent.to_device)
+            await self.after_keys(crypto, sent)
             await crypto.back_up()
+            if self._verifying is not None:
+                await self._verifying.settle()
         await self._announce(response)
 
     async def _ingest_encrypted(
@@ -165,44 +168,44 @@ class Sync:
         store = self._store
         async with crypto.lock:
             response, updates = await crypto.prepare_sync(response, initial=initial)
-            healed = await crypto.healing(updates.room_keys)
+            if self._verifying is not None:  # a finished flow's marks commit with the sync
+                self._verifying.receive_sync(response, updates)
             changes = crypto.take_changes()
             try:
                 await self._commits.run(
-                    lambda tx: commit_encrypted_sync(store, tx, response, changes, healed)
+                    lambda tx: commit_encrypted_sync(store, tx, response, changes)
                 )
             except Exception:
                 await crypto.reopen()  # the machine is ahead of what is durable
                 raise
-        return list(healed)
+            return await self._heal(crypto, updates.room_keys)
 
     async def after_keys(self, crypto: EngineCrypto, updates: KeyUpdates) -> None:
         """Heal the retained events of the keys a request's answer delivered (a waiting
         to-device payload handled once its sender's keys were known)."""
         if not updates.room_keys:
             return
-        store = self._store
         async with crypto.lock:
-            healed = await crypto.healing(updates.room_keys)
             changes = crypto.take_changes()
-            if not healed and changes is None:
-                return
+            if changes is not None:
+                try:
+                    await self._commits.run(lambda tx: (save_changes(tx, changes), {}))
+                except Exception:
+                    await crypto.reopen()
+                    raise
+            await self._heal(crypto, updates.room_keys)
 
-            def op(tx: Tx) -> tuple[None, dict[str, list[Update]]]:
-                if changes is not None:
-                    save_changes(tx, changes)
-                out: dict[str, list[Update]] = {}
-                for room_id, events in healed.items():
-                    out.update(heal(store, tx, room_id, events))
-                return None, out
-
-            try:
-                await self._commits.run(op)
-            except Exception:
-                await crypto.reopen()
-                raise
-        for room_id in healed:
-            await self._flush_room(room_id)
+    async def _heal(self, crypto: EngineCrypto, keys: Sequence[RoomKeyId]) -> list[str]:
+        """Heal what these (committed) keys decrypt, chunk by chunk; a failed write
+        reloads the machine and leaves the rest to the next sweep."""
+        if not keys:
+            return []
+        try:
+            return await heal_sessions(self._store, crypto, self._commits, keys, self._flush_room)
+        except Exception:
+            await crypto.reopen()
+            self._swept = False  # the next sync sweeps again
+            raise
 
     async def _sweep(self, crypto: EngineCrypto) -> None:
         """At start: heal what a key saved before a crash (or in another process) can

@@ -34,10 +34,13 @@ from typing import ClassVar, TypeAlias
 
 from gapline.history._commands import (
     AcceptInvite,
+    AcceptVerification,
     Cancel,
     CancelSend,
+    CancelVerification,
     CloseRoom,
     Command,
+    ConfirmVerification,
     CreateRoom,
     DeclineInvite,
     DumpState,
@@ -61,6 +64,7 @@ from gapline.history._commands import (
     SetTyping,
     ShrinkTimeline,
     Shutdown,
+    StartVerification,
 )
 from gapline.history._items import (
     READ_MARKER_ID,
@@ -80,17 +84,21 @@ from gapline.history._items import (
     Undecrypted,
     UtdReason,
 )
+from gapline.history._verifying_types import VerificationChanged, VerificationPhase
 
 __all__ = [
     "READ_MARKER_ID",
     "AcceptInvite",
+    "AcceptVerification",
     "Answer",
     "Append",
     "Cancel",
     "CancelSend",
+    "CancelVerification",
     "Clear",
     "CloseRoom",
     "Command",
+    "ConfirmVerification",
     "Continuity",
     "CreateRoom",
     "DeclineInvite",
@@ -151,6 +159,7 @@ __all__ = [
     "SetTyping",
     "ShrinkTimeline",
     "Shutdown",
+    "StartVerification",
     "ThreadLatest",
     "ThreadSummary",
     "TimelineChanged",
@@ -161,6 +170,8 @@ __all__ = [
     "Undecrypted",
     "UtdReason",
     "VectorDiff",
+    "VerificationChanged",
+    "VerificationPhase",
     "apply_diff",
     "apply_diffs",
 ]
@@ -542,4 +553,5 @@ Event: TypeAlias = (
     | TypingChanged
     | MembersChanged
     | SendQueueChanged
+    | VerificationChanged
 )

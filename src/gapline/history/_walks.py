@@ -34,6 +34,7 @@ from dataclasses import replace
 import msgspec
 
 from gapline.e2ee import save_changes
+from gapline.history._backup_fetch import BackupFetcher
 from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
 from gapline.history._crypto import EngineCrypto
@@ -92,8 +93,10 @@ class Walks:
         commits: Commits,
         operations: Operations,
         crypto: EngineCrypto | None = None,
+        backup: BackupFetcher | None = None,
     ) -> None:
         self._crypto = crypto
+        self._backup = backup
         self._store = store
         self._client = client
         self._config = config
@@ -127,10 +130,14 @@ class Walks:
                 page = MessagesResponse(chunk=chunk, start="", end=found.next_batch)
             if crypto is None:
                 return page
-            # Decrypted here, on the loop, so the page's write holds only storage work.
-            return msgspec.structs.replace(
-                page, chunk=await crypto.decrypt(room.room_id, page.chunk)
-            )
+            # Decrypted here, on the loop, so the page's write holds only storage work;
+            # the keys the backup holds for it are fetched before it commits.
+            if self._backup is not None:
+                await self._backup.before_page(room.room_id, page.chunk)
+            chunk = await crypto.decrypt(room.room_id, page.chunk)
+            if self._backup is not None:
+                chunk = await self._backup.complete_page(room.room_id, chunk)
+            return msgspec.structs.replace(page, chunk=chunk)
 
         async def commit(at: WalkState, effect: Commit) -> PageResult:
             then = GapLifecycle.Paused if pause_at_budget and effect.last else None

@@ -20,11 +20,14 @@ from typing import Any
 from gapline.history._mirror import State
 from gapline.history._types import (
     AcceptInvite,
+    AcceptVerification,
     Append,
     Cancel,
     CancelSend,
+    CancelVerification,
     Clear,
     CloseRoom,
+    ConfirmVerification,
     CreateRoom,
     DeclineInvite,
     DumpState,
@@ -75,6 +78,7 @@ from gapline.history._types import (
     SetTyping,
     ShrinkTimeline,
     Shutdown,
+    StartVerification,
     ThreadSummary,
     TimelineChanged,
     TimelineItem,
@@ -82,6 +86,7 @@ from gapline.history._types import (
     TypingChanged,
     Undecrypted,
     VectorDiff,
+    VerificationChanged,
 )
 
 __all__ = ["Json", "WireError", "dumps", "loads", "to_wire"]
@@ -292,6 +297,23 @@ def _state(state: State) -> dict[str, Json]:
     )
 
 
+def _verification(v: VerificationChanged) -> dict[str, Json]:
+    return {
+        "flow_id": v.flow_id,
+        "other_user": v.other_user,
+        "other_device": v.other_device,
+        "room_id": v.room_id,
+        "state": v.state.value,
+        "outgoing": v.outgoing,
+        "emoji": None if v.emoji is None else [list(pair) for pair in v.emoji],
+        "decimals": None if v.decimals is None else list(v.decimals),
+        "cancel_code": v.cancel_code,
+        "cancel_reason": v.cancel_reason,
+        "cancelled_by_us": v.cancelled_by_us,
+        "cross_signed": v.cross_signed,
+    }
+
+
 def to_wire(value: object) -> Json:
     """The JSON data of any protocol value: command, answer, event, item, diff, report, state."""
     match value:
@@ -377,6 +399,16 @@ def to_wire(value: object) -> Json:
                     direct=direct or None,
                 ),
             )
+        case StartVerification(user_id=user, device_id=device, room_id=room):
+            return _tag("StartVerification", _with({"user_id": user}, device_id=device,
+                                                   room_id=room))  # fmt: skip
+        case AcceptVerification(flow_id=flow):
+            return _tag("AcceptVerification", {"flow_id": flow})
+        case ConfirmVerification(flow_id=flow, matches=matches):
+            return _tag("ConfirmVerification", _with({"flow_id": flow},
+                                                     matches=None if matches else False))  # fmt: skip
+        case CancelVerification(flow_id=flow):
+            return _tag("CancelVerification", {"flow_id": flow})
         case Shutdown():
             return "Shutdown"
         case DumpState():
@@ -421,6 +453,8 @@ def to_wire(value: object) -> Json:
             )
         case SendQueueChanged(pending=pending, failed=failed):
             return _tag("SendQueueChanged", {"pending": pending, "failed": failed})
+        case VerificationChanged():
+            return _tag("VerificationChanged", _verification(value))
         # parts
         case EventItem() | HistoryGapItem() | ReadMarkerItem():
             return _item(value)

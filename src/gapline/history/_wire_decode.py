@@ -26,11 +26,14 @@ from gapline.history._commands import MSGTYPES
 from gapline.history._mirror import State
 from gapline.history._types import (
     AcceptInvite,
+    AcceptVerification,
     Answer,
     Cancel,
     CancelSend,
+    CancelVerification,
     CloseRoom,
     Command,
+    ConfirmVerification,
     Continuity,
     CreateRoom,
     DeclineInvite,
@@ -73,9 +76,12 @@ from gapline.history._types import (
     SetTyping,
     ShrinkTimeline,
     Shutdown,
+    StartVerification,
     TimelineChanged,
     TimelineReset,
     TypingChanged,
+    VerificationChanged,
+    VerificationPhase,
 )
 from gapline.history._wire import Json, WireError
 from gapline.history._wire_fields import (
@@ -131,6 +137,10 @@ _COMMAND_DATAS = (
     "AcceptInvite",
     "DeclineInvite",
     "CreateRoom",
+    "StartVerification",
+    "AcceptVerification",
+    "ConfirmVerification",
+    "CancelVerification",
     "InviteUser",
     "SetTopic",
 )
@@ -166,6 +176,27 @@ def _msgtype(value: Json, where: str) -> str:
     if text not in MSGTYPES:
         raise WireError(f"{where}: expected one of {', '.join(MSGTYPES)}, got {text!r}")
     return text
+
+
+def _device_id(value: Json, where: str) -> str:
+    return nonempty(value, where)
+
+
+def _verification_command(name: str, payload: Json, at: str) -> Command:
+    if name == "StartVerification":
+        f = Fields(payload, at, ("user_id",), ("device_id", "room_id"))
+        return StartVerification(
+            f.get("user_id", _user_id),
+            device_id=f.opt("device_id", _device_id),
+            room_id=f.opt("room_id", room_id),
+        )
+    if name == "ConfirmVerification":
+        f = Fields(payload, at, ("flow_id",), ("matches",))
+        return ConfirmVerification(
+            f.get("flow_id", nonempty), matches=f.opt("matches", bool_, True) is not False
+        )
+    kind = AcceptVerification if name == "AcceptVerification" else CancelVerification
+    return kind(Fields(payload, at, ("flow_id",)).get("flow_id", nonempty))
 
 
 def command_from_wire(value: Json, where: str = "command") -> Command:
@@ -252,6 +283,13 @@ def command_from_wire(value: Json, where: str = "command") -> Command:
                 encrypted=bool(f.opt("encrypted", bool_)),
                 direct=bool(f.opt("direct", bool_)),
             )
+        case (
+            "StartVerification"
+            | "AcceptVerification"
+            | "ConfirmVerification"
+            | "CancelVerification"
+        ):
+            return _verification_command(name, payload, at)
         case "InviteUser":
             f = Fields(payload, at, ("room_id", "user_id"))
             return InviteUser(f.get("room_id", room_id), f.get("user_id", _user_id))
@@ -334,6 +372,7 @@ _EVENTS = (
     "TypingChanged",
     "MembersChanged",
     "SendQueueChanged",
+    "VerificationChanged",
 )
 
 
@@ -365,9 +404,52 @@ def event_from_wire(value: Json, where: str = "event") -> Event:
         case "SendQueueChanged":
             f = Fields(payload, at, ("pending", "failed"))
             return SendQueueChanged(f.get("pending", count), f.get("failed", count))
+        case "VerificationChanged":
+            return _verification_event(payload, at)
         case _:  # MembersChanged
             f = Fields(payload, at, ("room_id", "members"))
             return MembersChanged(f.get("room_id", str_), f.get("members", _members))
+
+
+_VERIFICATION_OPTIONAL = ("other_device", "room_id", "outgoing", "emoji", "decimals",
+                          "cancel_code", "cancel_reason", "cancelled_by_us", "cross_signed")  # fmt: skip
+
+
+def _emoji(value: Json, where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list):
+        raise WireError(f"{where}: expected an array, got {describe(value)}")
+    pairs = []
+    for i, pair in enumerate(value):
+        texts = str_list(pair, f"{where}[{i}]")
+        if len(texts) != 2:
+            raise WireError(f"{where}[{i}]: expected [symbol, name], got {describe(pair)}")
+        pairs.append((texts[0], texts[1]))
+    return tuple(pairs)
+
+
+def _decimals(value: Json, where: str) -> tuple[int, int, int]:
+    if not isinstance(value, list) or len(value) != 3:
+        raise WireError(f"{where}: expected three numbers, got {describe(value)}")
+    a, b, c = (count(v, f"{where}[{i}]") for i, v in enumerate(value))
+    return (a, b, c)
+
+
+def _verification_event(payload: Json, at: str) -> VerificationChanged:
+    f = Fields(payload, at, ("flow_id", "other_user", "state"), _VERIFICATION_OPTIONAL)
+    return VerificationChanged(
+        flow_id=f.get("flow_id", nonempty),
+        other_user=f.get("other_user", str_),
+        other_device=f.opt("other_device", str_),
+        room_id=f.opt("room_id", str_),
+        state=f.get("state", enum_of(VerificationPhase)),
+        outgoing=bool(f.opt("outgoing", bool_)),
+        emoji=f.opt("emoji", _emoji),
+        decimals=f.opt("decimals", _decimals),
+        cancel_code=f.opt("cancel_code", str_),
+        cancel_reason=f.opt("cancel_reason", str_),
+        cancelled_by_us=bool(f.opt("cancelled_by_us", bool_)),
+        cross_signed=bool(f.opt("cross_signed", bool_)),
+    )
 
 
 def _map(value: Json, where: str, check: Callable[[Json, str], T]) -> dict[str, T]:

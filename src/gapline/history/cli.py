@@ -191,11 +191,11 @@ def login_failure(homeserver: str, user: str, exc: MatrixError) -> CommandError:
 
 
 async def recover(engine: Engine, key: str) -> None:
-    """Restore the account's keys with the recovery key into the engine's store and heal
-    what they open; a wrong or mistyped key, or a damaged secret storage, is one line
-    (status 1) and nothing is changed."""
+    """Recover the account's keys with the recovery key into the engine's store (the key
+    backup's keys are then fetched as rooms show them); a wrong or mistyped key, or a
+    damaged secret storage, is one line (status 1) and nothing is changed."""
     try:
-        report = await engine.recover_keys(key)
+        await engine.recover_keys(key)
     except WrongRecoveryKey:
         raise CommandError(
             "wrong recovery key: it does not open the account's secret storage"
@@ -206,7 +206,7 @@ async def recover(engine: Engine, key: str) -> None:
         raise CommandError(f"cannot recover: {exc}") from None
     except (E2eeError, MatrixError) as exc:
         raise CommandError(f"recovery failed: {exc}") from None
-    log.info("recovery: %d sessions restored from the key backup", len(report.imported))
+    log.info("recovery done: keys are restored from the key backup as rooms show them")
 
 
 async def check_store(store: Path, passphrase: str) -> None:

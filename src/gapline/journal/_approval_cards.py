@@ -15,6 +15,7 @@ dispatcher read answers with the same functions.
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,14 +47,22 @@ _VERDICT = {
 }
 
 
-def approval_id_for(principal_id: str, turn_id: str, ordinal: int, call: ToolCall) -> str:
+def approval_id_for(
+    principal_id: str, turn_id: str, ordinal: int, call: ToolCall, *, key: bytes | None = None
+) -> str:
     """The approval asked for the ``ordinal``-th time in a turn, for exactly ``call``.
 
     Derived, never random: a turn rerun after a crash asks the same calls in the same
-    order and finds the cards (and decisions) it already has.
+    order and finds the cards (and decisions) it already has. With ``key`` (a sealed
+    journal's, `Sealing.id_key`) it is an HMAC under it: the principal, the turn and the
+    ordinal are in the clear, so a plain hash would let anyone who reads the database,
+    or the homeserver that sees the transaction ids derived from it, confirm a guessed
+    call by hashing the guess.
     """
-    joined = "\x1f".join((principal_id, turn_id, str(ordinal), call.digest()))
-    return "ap" + hashlib.sha256(joined.encode()).hexdigest()[:40]
+    joined = "\x1f".join((principal_id, turn_id, str(ordinal), call.digest())).encode()
+    if key is None:
+        return "ap" + hashlib.sha256(joined).hexdigest()[:40]
+    return "ap" + hmac.new(key, joined, hashlib.sha256).hexdigest()[:40]
 
 
 def _call_text(call: ToolCall) -> str:

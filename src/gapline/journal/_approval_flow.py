@@ -76,6 +76,7 @@ class Approvals:
     default_approvers: frozenset[str] = frozenset()
     timeout: float = DEFAULT_APPROVAL_TIMEOUT
     poll_interval: float = 1.0
+    id_key: bytes | None = None  # a sealed journal's: approval ids keyed (`Sealing.id_key`)
     _waiters: dict[str, asyncio.Event] = field(default_factory=dict)
 
     async def request(
@@ -89,7 +90,9 @@ class Approvals:
     ) -> Approval:
         """The decision on ``call``, asked the ``ordinal``-th time in ``turn``."""
         allowed = frozenset(approvers or self.default_approvers or {turn.sender})
-        approval_id = approval_id_for(self.principal_id, turn.turn_id, ordinal, call)
+        approval_id = approval_id_for(
+            self.principal_id, turn.turn_id, ordinal, call, key=self.id_key
+        )
         wait = self.timeout if expires_in is None else expires_in
         request = ApprovalRequest(
             approval_id=approval_id,

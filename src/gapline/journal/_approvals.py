@@ -21,9 +21,9 @@ The card and the continuation may belong to different principals (a coordinator 
 posting cards for another's turns): each row carries its own principal, and every
 query names the one it acts for.
 
-With an active `Sealing` the call (its name and canonical arguments) is sealed before
-its first write, and so is every resolution edit enqueued; the digest, the ids and the
-approvers stay clear (the approval id derives from the digest anyway). One database has
+With an active `Sealing` the call (its name, canonical arguments and their digest) is
+sealed before its first write, and so is every resolution edit enqueued; the ids and the
+approvers stay clear (the approval id is keyed then: it reveals no digest). One database has
 one store key, so whoever holds it opens every sealed call. A resolution is sealed when
 its card's call is (so the card's principal can send it, whoever decided); a fence run
 by a principal without the key (it shares the database with a sealed one) still cancels
@@ -150,7 +150,7 @@ def open_approval(
             thread,
             seal.text(call.name),
             seal.text(call.canonical_arguments()),
-            call.digest(),
+            seal.text(call.digest()),
             json.dumps(sorted(request.approvers)),
             current_epoch(tx, card_p, room),
         ),

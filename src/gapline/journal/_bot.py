@@ -35,6 +35,7 @@ from gapline.journal._crypto import (
     DecryptingSource,
     EncryptingTransport,
     RoomEncryption,
+    require_device_owner,
 )
 from gapline.journal._handlers import Handler
 from gapline.journal._hydration import Hydrator
@@ -106,6 +107,9 @@ class Bot:
                 await backend.close()
 
     async def _run(self, backend: Backend) -> None:
+        if self.config.passphrase is not None:
+            # Before anything is written: another principal's encrypted device is here.
+            await require_device_owner(backend, self.config.user)
         store = await JournalStore.open(backend)
         state = await RuntimeState.open(backend, self.config.user)
         device_id = await state.device_id()
@@ -159,6 +163,7 @@ class Bot:
                 wake_delivery=worker.wake,
                 default_approvers=self.config.approvers,
                 timeout=self.config.approval_timeout,
+                id_key=None if crypto is None else crypto.sealing.id_key(),
             )
             runner = TurnRunner(
                 journal,
@@ -170,7 +175,7 @@ class Bot:
                 approvals=self.approvals,
                 sidecar_limit=self.config.sidecar_limit,
                 max_concurrent=self.config.max_concurrent_turns,
-                media_allowed=transport.plain_media_allowed,
+                encrypt_media=transport.encrypt_media,
             )
             worker.on_acknowledged = runner.acknowledged
 

@@ -49,6 +49,15 @@ from gapline.e2ee import (
     sign_own_device,
     upload_backup,
 )
+from gapline.journal._audience import (
+    AudienceChange,
+    RoomMembers,
+    audience_changes,
+    load_audience,
+    record_audience,
+    room_members,
+    store_audience,
+)
 from gapline.journal._faults import CryptoFaultPoint, fault_point
 from gapline.journal._outbox import ENCRYPTED_EVENT_TYPE, seal_delivery
 from gapline.journal._sealing import Sealing, sealing_of
@@ -70,10 +79,12 @@ __all__ = [
     "BotCrypto",
     "DecryptingSource",
     "EncryptingTransport",
+    "EncryptionStoreTaken",
     "EncryptionUnavailable",
     "RoomEncryption",
     "as_client_event",
     "decrypted_view",
+    "room_members",
     "session_of",
 ]
 
@@ -87,6 +98,29 @@ reaches, derived without touching the storage layer's key material directly."""
 
 class EncryptionUnavailable(JournalError):
     """Fail closed: the room is encrypted and this event cannot be encrypted for it now."""
+
+
+class EncryptionStoreTaken(JournalError):
+    """The database's encrypted device is another principal's: one device per database."""
+
+
+async def require_device_owner(backend: Backend, user_id: str) -> None:
+    """Raise `EncryptionStoreTaken` when the database's end-to-end encryption state
+    belongs to another user. Checked before anything is written (the device id, the
+    cipher's key): a second principal must never adopt, or overwrite, the Olm account of
+    the first, whose keys its homeserver already publishes."""
+    try:
+        row = await backend.read(
+            lambda tx: tx.one("SELECT user_id, device_id FROM e2ee_account WHERE id = 1")
+        )
+    except StorageError:
+        return  # no encryption state in this database yet
+    if row is not None and row[0] != user_id:
+        raise EncryptionStoreTaken(
+            f"this journal's end-to-end encryption device is {row[0]}'s ({row[1]}): one "
+            f"encrypted device per database, so {user_id} needs a --store of its own "
+            "(or no passphrase here)"
+        )
 
 
 def decrypted_view(event: ClientEvent, result: DecryptedEvent) -> ClientEvent:
@@ -165,36 +199,6 @@ def _no_store(room_id: str) -> EncryptionUnavailable:
     )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class RoomMembers:
-    """Who may read what the bot sends next: the joined members, the invited ones, and
-    the room's ``m.room.history_visibility`` (the machine shares the key with invited
-    members when it lets them read: ``invited``, ``shared``, ``world_readable``)."""
-
-    joined: tuple[str, ...]
-    invited: tuple[str, ...]
-    history_visibility: str
-
-
-def room_members(state: Sequence[ClientEvent]) -> RoomMembers:
-    """The recipients of a room key, from the room's current state. A room with no
-    ``m.room.history_visibility`` is ``shared`` (the spec's default)."""
-    joined: list[str] = []
-    invited: list[str] = []
-    visibility = "shared"
-    for event in state:
-        if event.type == "m.room.member" and event.state_key:
-            membership = event.content.get("membership")
-            if membership == "join":
-                joined.append(event.state_key)
-            elif membership == "invite":
-                invited.append(event.state_key)
-        elif event.type == "m.room.history_visibility" and event.state_key == "":
-            value = event.content.get("history_visibility")
-            visibility = value if isinstance(value, str) else visibility
-    return RoomMembers(tuple(sorted(joined)), tuple(sorted(invited)), visibility)
-
-
 async def _server_encryption(client: _StateSource, room_id: str) -> dict[str, Any] | None:
     try:
         content = await client.get_state(room_id, "m.room.encryption")
@@ -212,10 +216,14 @@ class BotCrypto:
         client: MatrixClient,
         principal_id: str,
         sealing: Sealing | None = None,
+        backend: Backend | None = None,
     ) -> None:
         self._driver = driver
         self._client = client
         self._p = principal_id
+        # Where each encrypted room's audience is kept (`_audience`); None: asked of the
+        # homeserver before every send.
+        self._backend = backend
         self.lock = asyncio.Lock()
         # Rooms the homeserver said are not encrypted: asked once. Safe to keep, because
         # an m.room.encryption arriving later reaches the machine, which is asked first.
@@ -241,7 +249,8 @@ class BotCrypto:
         store_key = cipher.lookup_key(STORE_KEY_LABEL)
         machine = await open_machine(backend, store_key, user_id=user_id, device_id=device_id)
         sealing = sealing_of(cipher)
-        return cls(CryptoDriver(backend, client, store_key, machine), client, user_id, sealing)
+        driver = CryptoDriver(backend, client, store_key, machine)
+        return cls(driver, client, user_id, sealing, backend)
 
     @property
     def machine(self) -> Any:
@@ -260,6 +269,28 @@ class BotCrypto:
         for room_id, room in response.rooms.join.items():
             self.observe(room_id, [*room.state.events, *room.timeline.events])
         return machine.receive_sync(response, initial=initial)
+
+    def audience(self, response: SyncResponse, *, initial: bool) -> Callable[[Tx], None]:
+        """The write of this sync's audience changes, for the commit of its sync token:
+        the stored audience is always the one the stored token stands for."""
+        changes: tuple[AudienceChange, ...] = audience_changes(
+            response, principal_id=self._p, initial=initial
+        )
+        return lambda tx: record_audience(tx, self._p, changes)
+
+    async def _audience(self, room_id: str) -> RoomMembers:
+        """Who gets the room key: the stored audience, else the room's whole state asked
+        of the homeserver once (and stored, so the next send asks nothing)."""
+        backend = self._backend
+        if backend is not None:
+            stored = await backend.read(lambda tx: load_audience(tx, self._p, room_id))
+            if stored is not None:
+                return stored
+        log.info("room audience asked of the homeserver", extra={"room_id": room_id})
+        members = room_members(await self._client.room_state(room_id))
+        if backend is not None:
+            await backend.write(lambda tx: store_audience(tx, self._p, room_id, members))
+        return members
 
     def observe(self, room_id: str, events: Sequence[ClientEvent]) -> None:
         machine = self._driver.machine
@@ -384,7 +415,7 @@ class BotCrypto:
         content: dict[str, Any],
         also: Callable[[dict[str, Any], Tx], Any] | None = None,
     ) -> dict[str, Any]:
-        members = room_members(await self._client.room_state(room_id))
+        members = await self._audience(room_id)
         try:
             report = await self._share(room_id, members)
             if report.rotated or report.shared_with or report.withheld:
@@ -502,9 +533,9 @@ class EncryptingTransport:
     ) -> str:
         return await self._client.upload(data, content_type=content_type, filename=filename)
 
-    async def plain_media_allowed(self, room_id: str) -> bool:
-        """Attachments are uploaded unencrypted: never for an encrypted room."""
-        return not await self._guard.is_encrypted(room_id)
+    async def encrypt_media(self, room_id: str) -> bool:
+        """An encrypted room's attachments are encrypted before they are uploaded."""
+        return await self._guard.is_encrypted(room_id)
 
 
 class DecryptingSource:

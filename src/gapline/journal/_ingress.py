@@ -284,7 +284,14 @@ class Ingress:
             await self.heal(keys.room_keys, everything=initial)
             if response.to_device.events:
                 fault_point(CryptoFaultPoint.AFTER_TO_DEVICE_BEFORE_COMMIT)
-            await crypto.commit(self.state.put_op("sync_token", response.next_batch))
+            token = self.state.put_op("sync_token", response.next_batch)
+            audience = crypto.audience(response, initial=initial)
+
+            def position(tx: Tx) -> None:
+                audience(tx)
+                token(tx)
+
+            await crypto.commit(position)
             sent = await crypto.send_outgoing()
             if sent.room_keys:
                 await self.heal(sent.room_keys)

@@ -273,6 +273,27 @@ CREATE INDEX journal_events_undecrypted_before_join
     ON journal_events (principal_id, room_id, seq) WHERE settled = 4;
 """
 
+_V5 = """
+-- Who reads what the bot sends into an encrypted room: the joined and invited members
+-- (a member who left has no row) and the room's history visibility, kept from sync in
+-- the commit of its sync token. An audience row marks the room's audience known (from
+-- a sync that carried the whole state, or from one /state answer); a room without one
+-- asks the homeserver before its first encrypted send.
+CREATE TABLE journal_room_members (
+    principal_id TEXT {C} NOT NULL,
+    room_id TEXT {C} NOT NULL,
+    user_id TEXT {C} NOT NULL,
+    membership TEXT NOT NULL,         -- 'join' | 'invite'
+    PRIMARY KEY (principal_id, room_id, user_id)
+){WITHOUT_ROWID};
+CREATE TABLE journal_room_audience (
+    principal_id TEXT {C} NOT NULL,
+    room_id TEXT {C} NOT NULL,
+    history_visibility TEXT NOT NULL,
+    PRIMARY KEY (principal_id, room_id)
+){WITHOUT_ROWID};
+"""
+
 MIGRATIONS = (
     Migration(
         version=1,
@@ -297,5 +318,11 @@ MIGRATIONS = (
         name="decryption failures from before the join upgraded as context",
         sqlite=_render(_V4, postgres=False),
         postgres=_render(_V4, postgres=True),
+    ),
+    Migration(
+        version=5,
+        name="encrypted rooms' audience: members and history visibility",
+        sqlite=_render(_V5, postgres=False),
+        postgres=_render(_V5, postgres=True),
     ),
 )

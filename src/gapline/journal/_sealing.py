@@ -12,7 +12,9 @@ the passphrase-wrapped store key:
 - a turn's result (``journal_turns.result``) and an outbox payload before it is
   Megolm-encrypted (``journal_outbox.content``), approval cards and their resolution
   edits included;
-- an approval's exact call (``approval_cards.tool_name``, ``arguments``).
+- an approval's exact call (``approval_cards.tool_name``, ``arguments``) and its digest
+  (``call_digest``); the approval id is keyed instead (`Sealing.id_key`), since it is a
+  key of rows and of transaction ids.
 
 Identifiers, timestamps and the order of rows stay in the clear: every index and every
 SQL rule (tombstones, edit order, row-value cursors) works on them unchanged, and a body
@@ -51,6 +53,9 @@ __all__ = [
 SEALING_LABEL = "gapline/journal/contents/v1"
 """The journal's content key is the store cipher's keyed hash of this label."""
 
+APPROVAL_ID_LABEL = "gapline/journal/approval-ids/v1"
+"""The key approval ids are keyed with is the content cipher's keyed hash of this label."""
+
 _TEXT = "gls1:"
 _DATA = b"GLS\x01"
 _AAD_TEXT = b"gapline/journal/text"
@@ -73,6 +78,11 @@ class Sealing:
     @property
     def active(self) -> bool:
         return self._cipher is not None
+
+    def id_key(self) -> bytes | None:
+        """The key that makes derived ids (approval ids) reveal nothing they derive from;
+        None without a cipher (nothing is sealed then, so nothing is hidden either)."""
+        return None if self._cipher is None else self._cipher.lookup_key(APPROVAL_ID_LABEL)
 
     def _key(self) -> StoreCipher:
         if self._cipher is None:

@@ -3,7 +3,10 @@
 A reply longer than the configured limit is sent with a short preview in
 ``body`` and the whole text uploaded as ``text/plain`` media, referenced under
 :data:`SIDECAR_KEY` (``url``, ``size``, ``sha256``). Any Matrix client shows
-the preview; a gapline reader resolves the attachment.
+the preview; a gapline reader resolves the attachment. In an encrypted room the
+upload is an encrypted attachment (`_attachment`): ``file`` (the spec's
+``EncryptedFile``: URL, JWK key, IV, ciphertext hash) replaces ``url``, and the key
+reaches only the room's members, inside the Megolm-encrypted event.
 
 The projection stores only the resolved full text: the preview belongs to no
 revision anyone wrote. Resolution happens before admission (ingress,
@@ -14,10 +17,18 @@ a strict read refetches rather than serve the preview.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from gapline.journal._attachment import (
+    AttachmentInvalid,
+    EncryptedFile,
+    decrypt_attachment,
+    encrypt_attachment,
+)
 
 __all__ = [
     "DEFAULT_SIDECAR_LIMIT",
@@ -46,11 +57,17 @@ class SidecarUnresolved(Exception):
 
 @dataclass(frozen=True, slots=True)
 class SidecarRef:
+    """Where the full text is (``url``), its size and SHA-256 (of the text itself), and,
+    for an encrypted attachment, what decrypts it."""
+
     url: str
     size: int
     sha256: str
+    file: EncryptedFile | None = None
 
     def as_content(self) -> dict[str, Any]:
+        if self.file is not None:
+            return {"file": self.file.as_content(), "size": self.size, "sha256": self.sha256}
         return {"url": self.url, "size": self.size, "sha256": self.sha256}
 
 
@@ -62,15 +79,23 @@ def split_large_body(text: str, limit: int) -> tuple[str, bytes] | None:
     return preview, text.encode("utf-8")
 
 
-async def attach_sidecar(text: str, limit: int, upload: Uploader) -> tuple[str, dict[str, Any]]:
-    """The body to send and the extra content keys (empty when no sidecar is needed)."""
+async def attach_sidecar(
+    text: str, limit: int, upload: Uploader, *, encrypted: bool = False
+) -> tuple[str, dict[str, Any]]:
+    """The body to send and the extra content keys (empty when no sidecar is needed).
+    ``encrypted``: the room is, so only ciphertext is uploaded."""
     split = split_large_body(text, limit)
     if split is None:
         return text, {}
     preview, data = split
-    url = await upload(data, "text/plain; charset=utf-8")
-    ref = SidecarRef(url=url, size=len(data), sha256=hashlib.sha256(data).hexdigest())
-    return preview, {SIDECAR_KEY: ref.as_content()}
+    digest = hashlib.sha256(data).hexdigest()
+    if not encrypted:
+        url = await upload(data, "text/plain; charset=utf-8")
+        return preview, {SIDECAR_KEY: SidecarRef(url, len(data), digest).as_content()}
+    ciphertext, file = encrypt_attachment(data)
+    url = await upload(ciphertext, "application/octet-stream")
+    file = dataclasses.replace(file, url=url)
+    return preview, {SIDECAR_KEY: SidecarRef(url, len(data), digest, file).as_content()}
 
 
 def sidecar_ref(content: Mapping[str, Any]) -> SidecarRef | None:
@@ -78,12 +103,18 @@ def sidecar_ref(content: Mapping[str, Any]) -> SidecarRef | None:
     raw = content.get(SIDECAR_KEY)
     if not isinstance(raw, Mapping):
         return None
-    url, size, digest = raw.get("url"), raw.get("size"), raw.get("sha256")
+    file: EncryptedFile | None = None
+    if "file" in raw:
+        try:
+            file = EncryptedFile.from_content(raw["file"])
+        except AttachmentInvalid:
+            return None
+    url, size, digest = (file.url if file else raw.get("url")), raw.get("size"), raw.get("sha256")
     if not (isinstance(url, str) and url.startswith("mxc://")):
         return None
     if not (isinstance(size, int) and isinstance(digest, str)):
         return None
-    return SidecarRef(url=url, size=size, sha256=digest)
+    return SidecarRef(url=url, size=size, sha256=digest, file=file)
 
 
 async def resolve_sidecar(ref: SidecarRef, download: Downloader) -> str:
@@ -92,6 +123,11 @@ async def resolve_sidecar(ref: SidecarRef, download: Downloader) -> str:
         data = await download(ref.url)
     except Exception as exc:  # any transport failure is the same debt
         raise SidecarUnresolved(f"cannot fetch {ref.url}: {exc}") from exc
+    if ref.file is not None:
+        try:
+            data = decrypt_attachment(data, ref.file)
+        except AttachmentInvalid as exc:
+            raise SidecarUnresolved(f"{ref.url}: {exc}") from exc
     if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
         raise SidecarUnresolved(f"{ref.url} does not match its size or digest")
     try:

@@ -145,9 +145,9 @@ class TurnRunner:
     principal_id: str
     approvals: Approvals | None = None
     sidecar_limit: int = DEFAULT_SIDECAR_LIMIT
-    # Whether an attachment (uploaded unencrypted) may serve this room; in an encrypted
-    # room a long answer goes whole in its (encrypted) event instead of as a sidecar.
-    media_allowed: Callable[[str], Awaitable[bool]] | None = None
+    # Whether this room's attachments must be encrypted (an encrypted room's): a long
+    # answer's sidecar is then an encrypted attachment whose key rides in the event.
+    encrypt_media: Callable[[str], Awaitable[bool]] | None = None
     max_concurrent: int = 32
     poll_interval: float = 2.0
     retry_pause: float = 5.0
@@ -411,10 +411,8 @@ class TurnRunner:
         async def upload(data: bytes, content_type: str) -> str:
             return await self.transport.upload(data, content_type=content_type)
 
-        limit = self.sidecar_limit
-        if self.media_allowed is not None and not await self.media_allowed(turn.room_id):
-            limit = len(text)
-        body, extra = await attach_sidecar(text, limit, upload)
+        encrypted = self.encrypt_media is not None and await self.encrypt_media(turn.room_id)
+        body, extra = await attach_sidecar(text, self.sidecar_limit, upload, encrypted=encrypted)
         request = DeliveryRequest(
             turn_id=turn.turn_id,
             delivery_id=turn.turn_id,

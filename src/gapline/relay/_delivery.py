@@ -41,7 +41,7 @@ from gapline.relay._metrics import RelayMetrics
 from gapline.relay._p2p._frames import FramingError
 from gapline.relay._p2p._host import DIAL_FAILURES, P2pHost, VerifiedPeer
 from gapline.relay._p2p._multiaddr import TcpAddr
-from gapline.relay._peer_rpc import PeerCallError, call_peer
+from gapline.relay._peer_rpc import PeerCallError, call_peer_json
 from gapline.relay._store import NewSend
 from gapline.relay._store._deliveries import PendingDelivery
 
@@ -70,15 +70,20 @@ class DeliveryService:
         self.relay, self.host, self.metrics, self.messages = relay, host, metrics, messages
         self._addrs_of = addrs_of  # relay_id -> list[TcpAddr] known for it
         self._routes: dict[str, tuple[AccountRoute | None, int]] = {}
-        # Fresh sends, with their params already parsed; the scan finds everything else.
-        self._queue: asyncio.Queue[tuple[PendingDelivery, dict[str, Any]]] = asyncio.Queue(
-            maxsize=4096
-        )
+        # Fresh sends; the scan finds everything else.
+        self._queue: asyncio.Queue[PendingDelivery] = asyncio.Queue(maxsize=4096)
         self._certificates: dict[str, dict[str, Any]] = {}
-        self._inflight: set[tuple[str, str]] = set()
+        # Keys this process holds in memory (queued or being attempted): the scan leaves
+        # them alone. A key settled (finished or postponed) after a scan's read began is
+        # skipped by that scan too: the row it read may predate the commit.
+        self._owned: set[tuple[str, str]] = set()
+        self._settled: dict[tuple[str, str], int] = {}
+        self._tick = 0
         self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(concurrency)
         self._remembered: set[str] = set()  # remote signer certificates already stored
+        # Signer certificates already parsed and verified, by their exact wire text.
+        self._signers: dict[str, tuple[DeviceCertificate, str]] = {}
         self._accounts_by_key: dict[bytes, str] = {}
         relay.routes.on_changed.append(self._route_changed)
         relay.routes.on_suspended.append(self._forget_routes)
@@ -144,8 +149,11 @@ class DeliveryService:
             item = PendingDelivery(
                 send.from_account, send.message_id, send.to_account, text, deadline, 0
             )
-            with contextlib.suppress(asyncio.QueueFull):  # the queue scan picks it up
-                self._queue.put_nowait((item, deliver))
+            key = (send.from_account, send.message_id)
+            if key not in self._owned:
+                with contextlib.suppress(asyncio.QueueFull):  # the queue scan picks it up
+                    self._queue.put_nowait(item)
+                    self._owned.add(key)
         return accepted.result.to_json()
 
     async def _certificate(self, device_id: str) -> dict[str, Any]:
@@ -171,45 +179,48 @@ class DeliveryService:
 
     async def _from_queue(self, tg: asyncio.TaskGroup) -> None:
         while True:
-            item, params = await self._queue.get()
-            await self._start(tg, item, params)
+            item = await self._queue.get()
+            await self._start(tg, item)  # owned since it was queued
 
     async def _scan(self, tg: asyncio.TaskGroup) -> None:
-        """What the in-memory queue does not carry: work left from before a restart, and
-        retries whose time has come."""
+        """What the in-memory queue does not carry: work left from before a restart (or
+        by another process on the same database), and retries whose time has come."""
         while True:
+            read_at = self._tick
             for item in await self.relay.store.deliveries.due(self.relay.now(), 256):
+                key = (item.from_account, item.message_id)
+                if key in self._owned or self._settled.get(key, -1) > read_at:
+                    continue  # held here, or the row read predates its settling commit
+                self._owned.add(key)
                 await self._start(tg, item)
+            # Later reads begin after these commits: their rows show them.
+            self._settled = {k: t for k, t in self._settled.items() if t > read_at}
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1.0):
                     await self._wake.wait()
             self._wake.clear()
 
-    async def _start(
-        self, tg: asyncio.TaskGroup, item: PendingDelivery, params: dict[str, Any] | None = None
-    ) -> None:
-        key = (item.from_account, item.message_id)
-        if key in self._inflight:
-            return
+    async def _start(self, tg: asyncio.TaskGroup, item: PendingDelivery) -> None:
+        """Attempt an owned item once a slot is free; it stays owned until it settles."""
         await self._slots.acquire()
-        self._inflight.add(key)
-        tg.create_task(self._attempt(item, key, params))
+        key = (item.from_account, item.message_id)
+        tg.create_task(self._attempt(item, key))
 
-    async def _attempt(
-        self, item: PendingDelivery, key: tuple[str, str], params: dict[str, Any] | None
-    ) -> None:
+    async def _attempt(self, item: PendingDelivery, key: tuple[str, str]) -> None:
         try:
-            await self._deliver(item, json.loads(item.params) if params is None else params)
+            await self._deliver(item)
         except Exception:
             # Not an answer of the target (a store failure, a bug): the item stays queued
             # and the scan tries it again; the worker itself carries on.
             log.exception("delivery of %s failed; it stays queued", item.message_id)
             self.metrics.deliveries.labels("retry_internal").inc()
         finally:
-            self._inflight.discard(key)
+            self._owned.discard(key)
+            self._tick += 1
+            self._settled[key] = self._tick
             self._slots.release()
 
-    async def _deliver(self, item: PendingDelivery, params: dict[str, Any]) -> None:
+    async def _deliver(self, item: PendingDelivery) -> None:
         store = self.relay.store.deliveries
         now = self.relay.now()
         if now >= item.deadline:
@@ -222,7 +233,8 @@ class DeliveryService:
                 raise PeerCallError(-32022, "no route", None)
             conn = await self.connect(route.relay_id)
             async with asyncio.timeout(CALL_TIMEOUT):
-                result = await call_peer(conn, "message.deliver", params)
+                # The queued text itself: every attempt sends the same bytes.
+                result = await call_peer_json(conn, "message.deliver", item.params)
         except PeerCallError as exc:
             code = exc.code
             if code in _RETRY or code in _REROUTE or (code is None and exc.number == -32022):
@@ -277,6 +289,18 @@ class DeliveryService:
         self.metrics.deliveries.labels("failed_" + code).inc()
 
     # -- target: message.deliver -------------------------------------------------------
+    def _signer(self, wire: object) -> tuple[DeviceCertificate, str]:
+        """The certificate and its verified device ID; the same text verifies once."""
+        text = json.dumps(wire, sort_keys=True)
+        known = self._signers.get(text)
+        if known is None:
+            cert = DeviceCertificate.from_wire(wire)
+            known = (cert, self.relay.verify_certificate(cert))
+            if len(self._signers) > 10_000:
+                self._signers.clear()
+            self._signers[text] = known
+        return known
+
     async def message_deliver(self, peer: VerifiedPeer, params: dict[str, Any]) -> dict[str, Any]:
         core = self.relay
         if "sender_boxes" in params:
@@ -289,8 +313,7 @@ class DeliveryService:
         check_account_id(envelope.to, core.context, field="to")
         if envelope.from_ == envelope.to:
             raise RelayFailure("bad_request", "self-delivery is not delivered between relays")
-        cert = DeviceCertificate.from_wire(params["signer_certificate"])
-        device_id = core.verify_certificate(cert)
+        cert, device_id = self._signer(params["signer_certificate"])
         if cert.account != envelope.from_ or device_id != envelope.from_device_id:
             raise RelayFailure("invalid_signature", "the certificate is not the envelope signer's")
         verify_envelope(envelope, cert.signing_key_bytes, core.context)

@@ -83,6 +83,9 @@ class Federation:
         self._republish_now = asyncio.Event()
         self.host.on_peer.append(lambda _: self._republish_now.set())
         self._fetched: dict[str, tuple[int, list[TcpAddr]]] = {}
+        # One client for every descriptor fetch: building one loads the TLS trust store,
+        # which takes the event loop for a long moment each time.
+        self._http: httpx.AsyncClient | None = None
         self.queries = AccountQueries(relay)
         relay.forwarder = Forwarder(
             relay,
@@ -129,8 +132,9 @@ class Federation:
         entry = self.registry.entry(relay_id)
         if entry is None or entry.status != "active":
             return
-        async with httpx.AsyncClient(timeout=10) as http:
-            response = await http.get(entry.url.rstrip("/") + "/relay/descriptor")
+        if self._http is None:
+            raise RuntimeError("descriptor fetches run while the federation is running")
+        response = await self._http.get(entry.url.rstrip("/") + "/relay/descriptor")
         raw = response.content
         descriptor = RelayDescriptor.from_wire(parse_json(raw))
         addrs = libp2p_addrs(descriptor.endpoints)
@@ -178,10 +182,12 @@ class Federation:
         assert self.config.p2p_listen is not None
         host, port = self.config.p2p_listen
         async with (
+            httpx.AsyncClient(timeout=10) as http,  # closed after every task using it
             self.host.running(host, port),
             self.delivery.running(),
             asyncio.TaskGroup() as tg,
         ):
+            self._http = http
             self.relay.set_p2p_endpoints(tuple(str(a) for a in self.advertised()))
             dialers = [
                 tg.create_task(self._keep_dialling(TcpAddr.parse(a))) for a in self.config.bootstrap

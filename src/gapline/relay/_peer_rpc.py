@@ -36,6 +36,7 @@ __all__ = [
     "PeerMethod",
     "PeerRpcServer",
     "call_peer",
+    "call_peer_json",
     "notify_peer",
 ]
 
@@ -151,9 +152,15 @@ async def notify_peer(conn: Connection, method: str, params: dict[str, Any]) -> 
 
 async def call_peer(conn: Connection, method: str, params: dict[str, Any]) -> Any:
     """One request on a new stream; the result, or ``PeerCallError``."""
+    return await call_peer_json(conn, method, json.dumps(params))
+
+
+async def call_peer_json(conn: Connection, method: str, params: str) -> Any:
+    """``call_peer`` with params already JSON text (an object), sent as it is."""
     request_id = next(_ids)
-    body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
-    stream, incoming = await conn.open(RELAY_PROTOCOL, encode_frame(json.dumps(body).encode()))
+    head = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method})
+    body = head[:-1] + ', "params": ' + params + "}"
+    stream, incoming = await conn.open(RELAY_PROTOCOL, encode_frame(body.encode()))
     await stream.close()
     response = parse_json(await read_frame(incoming))
     if not isinstance(response, dict) or response.get("jsonrpc") != "2.0":

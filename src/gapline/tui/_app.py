@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import webbrowser
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import tzinfo
 
 from textual import on
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.events import Resize
+from textual.message import Message
 from textual.notifications import SeverityLevel
-from textual.widgets import Footer, Label, OptionList, ProgressBar, Static
+from textual.widgets import Footer, Input, Label, OptionList, ProgressBar, Static
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from gapline.history import (
@@ -58,10 +62,13 @@ from gapline.history import (
     TimelineReset,
     TypingChanged,
     VectorDiff,
+    VerificationChanged,
 )
 from gapline.history.rooms import RoomDirectory
 from gapline.tui._actions import PLACEHOLDER, RowActions
 from gapline.tui._compose_box import ComposeBox
+from gapline.tui._config import TuiConfig
+from gapline.tui._connection import Reachability
 from gapline.tui._engine_link import (
     AppSink,
     Connect,
@@ -70,13 +77,18 @@ from gapline.tui._engine_link import (
     RoomsChanged,
     command_room,
 )
+from gapline.tui._help import HelpScreen
 from gapline.tui._keys import BINDINGS as KEYS
+from gapline.tui._keys import help_rows
+from gapline.tui._links import RowLinks
 from gapline.tui._panels import Panels
 from gapline.tui._room_list import RoomList
+from gapline.tui._search import TimelineSearch
 from gapline.tui._status import StatusLines
 from gapline.tui._switching import RoomSwitching
 from gapline.tui._text import FillProgress
 from gapline.tui._timeline import TimelineView
+from gapline.tui._verification import Verification
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +102,28 @@ def _inserted_events(diffs: tuple[VectorDiff, ...]) -> int:
     )
 
 
-class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[int]):
+class ReachabilityChanged(Message):
+    """The homeserver stopped or started answering."""
+
+
+class GaplineApp(
+    RowActions,
+    RowLinks,
+    RoomList,
+    RoomSwitching,
+    TimelineSearch,
+    Panels,
+    StatusLines,
+    Verification,
+    App[int],
+):
     """``gapline tui``: read rooms, see every gap where it is, fill it with one key."""
 
     TITLE = "gapline"
     CSS = """
     Screen { layout: vertical; }
     #main { height: 1fr; }
-    #rooms { width: 22; height: 1fr; border: none; border-right: solid $panel-lighten-2; }
+    #rooms { width: 24; height: 1fr; border: none; border-right: solid $panel-lighten-2; }
     #rooms:focus { border-right: solid $accent; }
     #room { width: 1fr; height: 1fr; }
     #room-title { height: 1; padding: 0 1; background: $panel; color: $text; text-style: bold; }
@@ -108,6 +134,12 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
     #fill Bar { width: 12; }
     #status { height: 1; padding: 0 1; background: $panel; color: $text-muted; }
     #status.-failed { color: $text-error; }
+    #status.-offline { color: $text-warning; text-style: bold; }
+    #search-bar { height: 1; display: none; background: $surface; }
+    #search-bar.-shown { display: block; }
+    #search { width: 1fr; height: 1; border: none; padding: 0 1; background: $surface; }
+    #search:focus { border: none; background: $boost; }
+    #search-info { width: auto; padding: 0 1; color: $text-muted; }
     #typing { height: 1; padding: 0 1; color: $text-muted; text-style: italic; display: none; }
     #typing.-typing { display: block; }
     #members { width: 26; height: 1fr; padding: 0 1; border-left: solid $panel-lighten-2;
@@ -116,6 +148,8 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
     """
 
     BINDINGS = KEYS
+    # ctrl+p is the previous room here; the help panel (?) lists every key instead.
+    ENABLE_COMMAND_PALETTE = False
 
     def __init__(
         self,
@@ -126,8 +160,14 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
         page_budget: int | None = None,
         tz: tzinfo | None = None,
         show_first_gap: bool = False,
+        config: TuiConfig | None = None,
+        reachability: Reachability | None = None,
+        url_opener: Callable[[str], bool] = webbrowser.open,
     ) -> None:
         super().__init__()
+        self.config = config if config is not None else TuiConfig()
+        self.reachability = reachability if reachability is not None else Reachability()
+        self.url_opener = url_opener  # opens a link (in a thread worker): webbrowser.open
         # The demo's "see the gap at once": when the first recent load settles, select
         # the newest gap and scroll it to the middle of the pane.
         self._show_first_gap = show_first_gap
@@ -142,7 +182,7 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
         self._engine_ready = asyncio.Event()
         self._stopping = asyncio.Event()
         self._engine_worker: Worker[None] | None = None
-        self._unsubscribe: Callable[[], None] | None = None
+        self._unsubscribe: list[Callable[[], None]] = []
         self._fills: dict[str, str] = {}  # room id -> gap id of its running fill
         self.thread_root: str | None = None  # the thread shown instead of the room, if any
         self.me: str | None = None  # this account, once the engine says
@@ -161,23 +201,36 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
                     yield Label("", id="fill-label")
                 yield Static("", id="status")
                 yield Static("", id="typing")
+                with Horizontal(id="search-bar"):
+                    yield Input(
+                        placeholder="search the loaded history · enter finds · esc closes",
+                        id="search",
+                    )
+                    yield Label("", id="search-info")
                 yield ComposeBox(placeholder=PLACEHOLDER, id="compose")
             yield Static("", id="members")
         yield Footer()
 
-    def on_resize(self) -> None:
+    def on_resize(self, event: Resize | None = None) -> None:
         # Below 70 columns the room list would squeeze the timeline; the title line
-        # still names the room (a hidden widget takes no focus, so tab skips it).
-        # The member list takes the room list's place when both would not fit.
+        # still names the room (a hidden widget takes no focus, so tab skips it), and
+        # ctrl+n / ctrl+p still switch. The member list takes the room list's place when
+        # both would not fit. The event's size, not ``self.size``: the app takes the new
+        # size only after its handlers ran.
+        width = (event.size if event is not None else self.size).width
         members = self.query_one("#members").has_class("-shown")
-        self.query_one("#rooms").display = self.size.width >= (120 if members else 70)
+        self.query_one("#rooms").display = width >= (120 if members else 70)
 
     @property
     def timeline(self) -> TimelineView:
         return self.query_one(TimelineView)
 
     def on_mount(self) -> None:
-        self._unsubscribe = self.directory.subscribe(self._directory_changed)
+        self._apply_config()
+        self._unsubscribe = [
+            self.directory.subscribe(self._directory_changed),
+            self.reachability.subscribe(self._reachability_changed),
+        ]
         self._refresh_rooms()
         self._refresh_status()
         self.timeline.focus()
@@ -185,8 +238,34 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
             self._run_engine(), name="engine", group="engine", exit_on_error=False
         )
 
+    def _apply_config(self) -> None:
+        """The config file's keys (Textual's keymap) and colours (a theme over the chosen one)."""
+        self.set_keymap(dict(self.config.keys))
+        if self.config.theme is None and not self.config.colours:
+            return
+        base = self.get_theme(self.config.theme or self.theme)
+        assert base is not None  # the config checked the name against the built-in themes
+        if self.config.colours:
+            base = replace(base, name="gapline-config", **self.config.colours)
+            self.register_theme(base)
+        self.theme = base.name
+
     def _directory_changed(self) -> None:
         self.post_message(RoomsChanged())
+
+    def _reachability_changed(self) -> None:
+        self.post_message(ReachabilityChanged())
+
+    def on_reachability_changed(self, _message: ReachabilityChanged) -> None:
+        problem = self.reachability.problem
+        if problem is not None:
+            self.notice(f"the homeserver does not answer: {problem}", severity="warning")
+        self._refresh_status()
+
+    def action_help(self) -> None:
+        """Every key, as the config file bound them; Esc closes."""
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(help_rows(dict(self.config.keys))))
 
     async def _run_engine(self) -> None:
         try:
@@ -219,9 +298,9 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
                 # Quitting anyway: the engine's failure was already shown as a notice,
                 # so it goes to the log rather than stopping the exit.
                 log.warning("the engine stopped with an error on exit: %s", exc)
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-            self._unsubscribe = None
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe = []
 
     # -- commands ------------------------------------------------------------------------
 
@@ -315,6 +394,11 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
     def _send(self, event: ComposeBox.Submitted) -> None:
         if self.room_id is not None and self.submit(event.text):
             event.box.clear()
+            self.timeline.focus()  # so the next key is a command again, not more text
+
+    @on(Input.Submitted, "#search")
+    def _search(self, event: Input.Submitted) -> None:
+        self.run_search(event.value)
 
     @on(ComposeBox.Changed, "#compose")
     def _typed(self, event: ComposeBox.Changed) -> None:
@@ -327,7 +411,7 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
             if not self.leave_mode():
                 self.timeline.focus()
             event.stop()
-        elif self.leave_thread():
+        elif self.close_search() or self.leave_thread():
             event.stop()
 
     # -- rooms ---------------------------------------------------------------------------
@@ -335,8 +419,7 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
     @on(OptionList.OptionSelected, "#rooms")
     def _room_chosen(self, event: OptionList.OptionSelected) -> None:
         if event.option.id is not None:
-            self.show_room(event.option.id)
-            self.timeline.focus()
+            self.choose_room(event.option.id)
 
     # -- events --------------------------------------------------------------------------
 
@@ -402,4 +485,6 @@ class GaplineApp(RowActions, RoomList, RoomSwitching, Panels, StatusLines, App[i
                     view.reports[report.gap_id] = report
                     self._show_progress()
                 view.refresh_gaps()
+            case VerificationChanged():
+                self.verification_changed(event)
         self._refresh_status()

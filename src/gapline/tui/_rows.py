@@ -43,8 +43,11 @@ class Row(Static):
 
     DEFAULT_CSS = """
     Row { height: auto; padding: 0 1; }
-    Row.-selected { background: $boost; text-style: bold; }
-    TimelineView:focus Row.-selected { background: $accent 30%; }
+    Row.-selected {
+        background: $boost; text-style: bold;
+        padding: 0 1 0 0; border-left: outer $accent 50%;
+    }
+    TimelineView:focus Row.-selected { background: $accent 30%; border-left: outer $accent; }
     """
 
     def __init__(self, item: TimelineItem, view: TimelineView) -> None:

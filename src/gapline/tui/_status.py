@@ -2,7 +2,8 @@
 
 :class:`StatusLines` is mixed into the app (``self`` is the app). The status
 line says how the room's recent history stands and how many messages wait in
-the send queue.
+the send queue, and leads with a warning while the homeserver is unreachable
+(the engine keeps retrying; queued messages go when it answers again).
 """
 
 from __future__ import annotations
@@ -43,21 +44,29 @@ class StatusLines:
     def _refresh_status(self: GaplineApp) -> None:
         title = self.query_one("#room-title", Static)
         status = self.query_one("#status", Static)
-        if self.room_id is None:
-            title.update("no room open")
-            status.update("choose a room on the left")
-            return
-        summary = self.directory.get(self.room_id) or RoomSummary(self.room_id)
-        label = summary.label
-        if room_encrypted(self._engine, self.room_id, self.mirror.items(self.room_id)):
-            label = f"{LOCK} {label}"
-        if self.thread_root is None:
-            title.update(label)
-        else:
-            title.update(f"{label} / thread · esc back to the room")
-        state = self.mirror.state.recent(self.room_id)
-        status.set_class(state.kind is RecentHistoryKind.Failed, "-failed")
-        text = recent_label(state, report=self.mirror.state.repairs.get(self.room_id))
+        parts = []
+        problem = self.reachability.problem
+        if problem is not None:
+            parts.append("⚠ homeserver unreachable, retrying")
+        status.set_class(problem is not None, "-offline")
+        # The queue before the history's state: offline, what waits to go matters most.
         queue = self.mirror.send_queue
         queued = queue_label(queue.pending, queue.failed)
-        status.update(text if queued is None else f"{text} · {queued}")
+        if queued is not None:
+            parts.append(queued)
+        if self.room_id is None:
+            title.update("no room open")
+            parts.append("choose a room on the left")
+        else:
+            summary = self.directory.get(self.room_id) or RoomSummary(self.room_id)
+            label = summary.label
+            if room_encrypted(self._engine, self.room_id, self.mirror.items(self.room_id)):
+                label = f"{LOCK} {label}"
+            if self.thread_root is None:
+                title.update(label)
+            else:
+                title.update(f"{label} / thread · esc back to the room")
+            state = self.mirror.state.recent(self.room_id)
+            status.set_class(state.kind is RecentHistoryKind.Failed, "-failed")
+            parts.append(recent_label(state, report=self.mirror.state.repairs.get(self.room_id)))
+        status.update(" · ".join(parts))

@@ -46,8 +46,10 @@ from gapline.history.cli import (
     stored_device,
 )
 from gapline.history.rooms import RoomDirectory
-from gapline.matrix import MatrixClient, MatrixError, Session, SyncResponse
+from gapline.matrix import MatrixClient, MatrixError, MatrixUnavailable, Session, SyncResponse
 from gapline.tui._app import Connect, EngineHandle, GaplineApp
+from gapline.tui._config import ConfigError, TuiConfig, load_config
+from gapline.tui._connection import Reachability
 
 __all__ = ["DESCRIPTION", "EXAMPLES", "configure", "engine_connect", "run"]
 
@@ -86,12 +88,27 @@ class _ObservedClient(MatrixClient):
     instead of polling the server a second time.
     """
 
-    def __init__(self, *args: Any, directory: RoomDirectory, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        directory: RoomDirectory,
+        reachability: Reachability | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._directory = directory
+        self._reachability = reachability
 
     async def sync(self, **kwargs: Any) -> SyncResponse:
-        response = await super().sync(**kwargs)
+        try:
+            response = await super().sync(**kwargs)
+        except MatrixUnavailable as exc:
+            # The engine retries; the status line says why nothing arrives meanwhile.
+            if self._reachability is not None:
+                self._reachability.unreachable(str(exc))
+            raise
+        if self._reachability is not None:
+            self._reachability.answered()
         self._directory.observe(response)
         return response
 
@@ -104,6 +121,7 @@ def engine_connect(
     passphrase: str,
     config: EngineConfig,
     directory: RoomDirectory,
+    reachability: Reachability | None = None,
     kdf_cost: Any = None,
     sync: bool = True,
     **client_kwargs: Any,
@@ -117,7 +135,11 @@ def engine_connect(
     @contextlib.asynccontextmanager
     async def connect(sink: EventSink) -> AsyncGenerator[EngineHandle]:
         async with _ObservedClient(
-            homeserver, session=session, directory=directory, **client_kwargs
+            homeserver,
+            session=session,
+            directory=directory,
+            reachability=reachability,
+            **client_kwargs,
         ) as client:
             try:
                 await client.sync(timeout_ms=0, filter=ROOM_LIST_FILTER)
@@ -140,6 +162,19 @@ def engine_connect(
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_login_flags(parser)
+    for action in parser._actions:  # the config file may name the homeserver instead
+        if action.dest == "homeserver":
+            action.required = False
+            action.help = f"{action.help} (default: homeserver in the config file)"
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help=(
+            "the TUI's config file (keys, colours, homeserver; default "
+            "$XDG_CONFIG_HOME/gapline/tui.toml, i.e. ~/.config/gapline/tui.toml)"
+        ),
+    )
     add_store_flags(
         parser, default="$XDG_DATA_HOME/gapline/<user>, i.e. ~/.local/share/gapline/<user>"
     )
@@ -153,15 +188,32 @@ def _default_store(user: str) -> Path:
     return base / "gapline" / user.lstrip("@").replace(":", "_")
 
 
+def tui_config(args: argparse.Namespace) -> TuiConfig:
+    """The config file, checked, and ``--homeserver`` defaulted from it (one line if bad)."""
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        raise CommandError(str(exc), Exit.USAGE) from None
+    if args.homeserver is None:
+        if config.homeserver is None:
+            raise CommandError(
+                f'--homeserver is needed (or homeserver = "https://..." in {config.path})',
+                Exit.USAGE,
+            )
+        args.homeserver = config.homeserver
+    return config
+
+
 def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    tui = tui_config(args)
     store = store_directory(args.store or _default_store(args.user))
     config = engine_config(args)
     password = resolve_secret(args, PASSWORD, prompt=f"password for {args.user}: ")
     passphrase = resolve_secret(args, PASSPHRASE, prompt=f"passphrase of the store in {store}: ")
     assert password is not None and passphrase is not None
     key = recovery_key(args)
-    return _main(args, store, config, password, passphrase, key)
+    return _main(args, store, config, password, passphrase, key, tui)
 
 
 def _needs_a_terminal() -> None:
@@ -192,6 +244,7 @@ async def _main(
     password: str,
     passphrase: str,
     key: str | None = None,
+    tui: TuiConfig | None = None,
 ) -> int:
     async with MatrixClient(args.homeserver) as client:
         try:
@@ -210,6 +263,7 @@ async def _main(
     if key is not None:
         await _recover(args.homeserver, session, store, passphrase, key)
     directory = RoomDirectory()
+    reachability = Reachability()
     app = GaplineApp(
         engine_connect(
             args.homeserver,
@@ -218,10 +272,13 @@ async def _main(
             passphrase=passphrase,
             config=config,
             directory=directory,
+            reachability=reachability,
         ),
         rooms=directory,
         room_id=args.room,
         page_budget=config.page_budget,
+        config=tui,
+        reachability=reachability,
     )
     result = await app.run_async()
     return int(result or app.return_code or 0)

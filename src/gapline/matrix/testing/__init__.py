@@ -113,7 +113,8 @@ or to-device, is a new sibling module):
   `_sync`, `_messages` (messages, context, event, relations), `_send`
   (send, redact, state), `_receipts` (read markers, receipts),
   `_account_data`, `_media` (upload, download), `_typing` (typing,
-  profile display names);
+  profile display names), `_room_keys` (the server-side key backup: versions and
+  keys per room and session; seed and read it through ``fake.room_keys``);
 - `_routes`: the one URL table (`Router`) and `ENDPOINTS`;
 - `_faults`: `Fault`, `FaultKind`, the knobs, and `inject`, which applies
   them around every handler;

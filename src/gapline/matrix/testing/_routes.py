@@ -16,6 +16,7 @@ from ._membership import MembershipEndpoints
 from ._messages import MessagesEndpoints
 from ._model import HomeserverModel
 from ._receipts import ReceiptEndpoints
+from ._room_keys import RoomKeysEndpoints
 from ._send import SendEndpoints
 from ._sync import SyncEndpoints
 from ._typing import TypingEndpoints
@@ -60,6 +61,9 @@ ENDPOINTS = frozenset(
         # _typing
         "typing",
         "profile",
+        # _room_keys
+        "room_keys_version",
+        "room_keys",
     }
 )
 
@@ -87,6 +91,7 @@ class Router:
         self.account_data = AccountDataEndpoints(model)
         self.media = MediaEndpoints(model)
         self.typing = TypingEndpoints(model)
+        self.room_keys = RoomKeysEndpoints(model)
 
     def route(self, method: str, seg: list[str]) -> Route:
         """Map a path (split into unquoted segments) to its `Route`."""
@@ -131,6 +136,19 @@ class Router:
                     "account_data",
                     room,
                     lambda c: self.account_data.account_data(c, user, room, data_type),
+                )
+            case ["room_keys", "version", *named] if len(named) <= 1:
+                version = named[0] if named else None
+                return Route(
+                    "room_keys_version", None, lambda c: self.room_keys.version(c, version)
+                )
+            case ["room_keys", "keys", *ids] if len(ids) <= 2:
+                room_id = ids[0] if ids else None
+                session_id = ids[1] if len(ids) > 1 else None
+                return Route(
+                    "room_keys",
+                    room_id,
+                    lambda c: self.room_keys.keys_route(c, room_id, session_id),
                 )
             case ["profile", user, "displayname"] if method == "PUT":
                 return Route("profile", None, lambda c: self.typing.displayname(c, user))

@@ -19,6 +19,7 @@ import httpx
 from .._client import MatrixClient, Session
 from ._faults import Fault, FaultKnobs, inject
 from ._model import HomeserverModel
+from ._room_keys import RoomKeysEndpoints
 from ._routes import ENDPOINTS, Route, Router
 from ._wire import Call, HTTPError, Reply, respond
 
@@ -60,6 +61,11 @@ class FakeHomeserver(HomeserverModel, FaultKnobs):
         self.faults: list[Fault] = []
         self.requests: list[RecordedRequest] = []
         self.transport = httpx.MockTransport(self.handle)
+
+    @property
+    def room_keys(self) -> RoomKeysEndpoints:
+        """The server-side key backup (seed versions and keys, read what was stored)."""
+        return self._router.room_keys
 
     def client(self, session: Session | None = None, **kwargs: Any) -> MatrixClient:
         """A `MatrixClient` wired to this fake (and logged in as ``session``)."""

@@ -117,22 +117,53 @@ class TcpChannel:
 class NoiseChannel:
     """The secure channel: 2-byte length, then ChaChaPoly ciphertext, per message.
 
-    Encrypting and writing happen with no await between them, so the nonce order is the
-    write order without a lock.
+    Writes are coalesced: the frames written during one turn of the event loop go out
+    as one Noise message (or a few, when over the message size) in one transport write,
+    flushed at the next turn, by ``drain`` once a message's worth is waiting, or at
+    ``close``. Encrypting happens only in the flush, in write order, so the nonce order
+    is the byte order without a lock.
     """
 
     def __init__(self, tcp: TcpChannel, incoming: Buffered, send: CipherState, recv: CipherState):
         self._tcp, self._in, self._send, self._recv = tcp, incoming, send, recv
+        self._pending: list[bytes] = []
+        self._pending_size = 0
+        self._scheduled = False
+        self._loop = asyncio.get_running_loop()
 
     def write(self, data: bytes) -> None:
+        if not data:
+            return
+        self._pending.append(data)
+        self._pending_size += len(data)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if not self._pending:
+            return
+        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+        self._pending.clear()
+        self._pending_size = 0
+        if self._tcp.writer.is_closing():
+            return  # the reader sees the end and shuts the session down
+        if len(data) <= _MAX_PLAINTEXT:
+            piece = self._send.encrypt(b"", data)
+            self._tcp.write(_LEN.pack(len(piece)) + piece)
+            return
         view, out = memoryview(data), []
         while view:
-            piece = self._send.encrypt(b"", bytes(view[:_MAX_PLAINTEXT]))
-            out.append(_LEN.pack(len(piece)) + piece)
+            piece = self._send.encrypt(b"", view[:_MAX_PLAINTEXT])
+            out.append(_LEN.pack(len(piece)))
+            out.append(piece)
             view = view[_MAX_PLAINTEXT:]
         self._tcp.write(b"".join(out))
 
     async def drain(self) -> None:
+        if self._pending_size >= _MAX_PLAINTEXT:
+            self._flush()  # a full message waits: out now, and let the transport push back
         # A broken connection shows up at the reader, which shuts the session down.
         with contextlib.suppress(ConnectionError):
             await self._tcp.drain()
@@ -144,4 +175,5 @@ class NoiseChannel:
         return self._recv.decrypt(b"", await self._in.exactly(length))
 
     def close(self) -> None:
+        self._flush()
         self._tcp.close()

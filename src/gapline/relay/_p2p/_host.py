@@ -81,8 +81,7 @@ class Connection:
         stream = self.session.open_stream()
         incoming = Buffered(stream.read)
         try:
-            stream.send_now(proposal(protocol))
-            await stream.write(first)
+            await stream.write(proposal(protocol) + first)  # one data frame
             await negotiate_dialer(None, incoming, protocol)
         except (MultistreamError, StreamReset):
             stream.reset()

@@ -90,9 +90,9 @@ class CipherState:
         self._n += 1
         return nonce
 
-    def encrypt(self, ad: bytes, plaintext: bytes) -> bytes:
+    def encrypt(self, ad: bytes, plaintext: bytes | memoryview) -> bytes:
         if self._aead is None:
-            return plaintext
+            return bytes(plaintext)
         return self._aead.encrypt(self._nonce(), plaintext, ad)
 
     def decrypt(self, ad: bytes, ciphertext: bytes) -> bytes:

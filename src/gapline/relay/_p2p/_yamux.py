@@ -125,7 +125,12 @@ class YamuxStream:
                 continue
             size = min(len(view), self._send_window, _MAX_FRAME_DATA)
             self._send_window -= size
-            self._session._send(_frame(_DATA, 0, self.id, size, bytes(view[:size])))
+            # The channel keeps what it is given until its flush: never a view of a
+            # buffer the caller may reuse, and no copy of a whole immutable payload.
+            whole = isinstance(data, bytes) and size == len(data)
+            self._session._send(
+                _frame(_DATA, 0, self.id, size), data if whole else bytes(view[:size])
+            )
             view = view[size:]
         await self._session._drain()
 
@@ -134,7 +139,7 @@ class YamuxStream:
         if self.reset_ or self.local_closed:
             raise StreamReset(f"stream {self.id} is closed")
         self._send_window -= len(data)
-        self._session._send(_frame(_DATA, 0, self.id, len(data), data))
+        self._session._send(_frame(_DATA, 0, self.id, len(data)), bytes(data))
 
     async def close(self) -> None:
         """Half-close: send FIN (reading stays possible)."""
@@ -176,9 +181,12 @@ class YamuxSession:
     def open_streams(self) -> int:
         return len(self._streams)
 
-    def _send(self, frame: bytes) -> None:
+    def _send(self, frame: bytes, data: bytes = b"") -> None:
+        """A frame's header, then its data (the channel coalesces them into one write)."""
         if not self._closed:
             self._channel.write(frame)
+            if data:
+                self._channel.write(data)
 
     async def _drain(self) -> None:
         if not self._closed:
