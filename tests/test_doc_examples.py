@@ -112,6 +112,7 @@ RUN_BY = {
     "journal-handler-run": "test_the_handler_example_is_found_beside_the_bot",
     "key-file-and-recovery-key": "test_the_key_file_example_refuses_a_wrong_passphrase",
     "recovery-session": "test_an_example_that_runs_to_its_end",
+    "accounts-session": "test_an_example_that_runs_to_its_end",
 }
 
 
@@ -164,7 +165,8 @@ def save_files_before(block: Block, cwd: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
-    "name", ["readme-first-look", "bridge-session", "send-queue", "recovery-session"]
+    "name",
+    ["readme-first-look", "bridge-session", "send-queue", "recovery-session", "accounts-session"],
 )
 def test_an_example_that_runs_to_its_end(name: str, tmp_path: Path) -> None:
     block = EXAMPLES[name]
@@ -188,6 +190,9 @@ def test_an_example_that_runs_to_its_end(name: str, tmp_path: Path) -> None:
     elif name == "recovery-session":
         assert "wrong recovery key" in done.stdout
         assert "imported 0 sessions" in done.stdout
+    elif name == "accounts-session":
+        assert "holds 2 accounts" in done.stdout and "pick one with --user" in done.stdout
+        assert "device listed after logout: False" in done.stdout
     else:
         assert '"phase":"Ready","continuity":"Verified"' in done.stdout
     # Whatever the example started is gone: the demo's and the script's homeservers.

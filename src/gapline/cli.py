@@ -26,6 +26,11 @@ from gapline.clikit import CommandError, CommandParser, Exit, HelpFormatter, exa
 # name -> (module, one-line summary). The summaries live here so `gapline --help`
 # needs no import of any command module.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "login": (
+        "gapline.history.cli_session",
+        "log in with a password; keep the session sealed in the store",
+    ),
+    "logout": ("gapline.history.cli_logout", "log an account out and delete its device"),
     "bridge": (
         "gapline.history.cli",
         "speak the history wire protocol as JSON lines on stdin/stdout",

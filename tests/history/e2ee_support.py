@@ -193,6 +193,7 @@ async def scene(
     backup: FakeHomeserver | None = None,
     *,
     e2ee: bool = True,
+    sink: Sink | None = None,
 ) -> AsyncGenerator[Scene]:
     server = server or KeyServer()
     clock = Clock()
@@ -202,7 +203,7 @@ async def scene(
         bob.machine.set_room_encryption(ROOM, MEGOLM)
         bob.machine.update_tracked_users(["@alice:x", "@bob:x"])
         bob.commit()
-    sink = Sink()
+    sink = sink or Sink()
     hs = Homeserver()
     async with (
         alice_client(server, hs, backup=backup) as client,
@@ -214,16 +215,22 @@ async def scene(
         yield Scene(server, clock, engine, sink, bob, hs)
 
 
+async def encrypted_room(kit: Any, owner: Session, member: Session) -> str:
+    """A private encrypted room of ``owner`` that ``member`` joined."""
+    async with kit.client(owner) as client:
+        room = await client.create_room(
+            preset="private_chat", initial_state=[ENCRYPTION], invite=[member.user_id]
+        )
+    async with kit.client(member) as client:
+        await client.join(room)
+    return room
+
+
 @pytest.fixture
 async def peers(synapse_kit: Any, tmp_path: Path) -> AsyncGenerator[tuple[Session, NioDevice, str]]:
     alice = await synapse_kit.user("alice")
     bob = await synapse_kit.user("bob")
-    async with synapse_kit.client(alice) as client:
-        room = await client.create_room(
-            preset="private_chat", initial_state=[ENCRYPTION], invite=[bob.user_id]
-        )
-    async with synapse_kit.client(bob) as client:
-        await client.join(room)
+    room = await encrypted_room(synapse_kit, alice, bob)
     nio = await NioDevice.login(synapse_kit.base_url, bob.user_id, tmp_path / "nio")
     try:
         yield alice, nio, room

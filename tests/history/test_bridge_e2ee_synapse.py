@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gapline.history import EventItem
+from gapline.history._accounts import account_dirname
 from gapline.matrix import Session
 from tests.e2ee.synapse_peers import NioDevice
 from tests.fixtures.synapse import SynapseKit
@@ -48,7 +49,9 @@ async def test_the_bridge_reads_sends_and_heals_in_an_encrypted_room(
     bridge = await BridgeProcess.start(synapse_kit, alice.user_id, store)
     try:
         await open_and_load(bridge, room)
-        device = json.loads((store / "device.json").read_text())["device_id"]
+        device = json.loads((store / account_dirname(alice.user_id) / "device.json").read_text())[
+            "device_id"
+        ]
         await _sees_device(nio, alice.user_id, device)
 
         # nio's key is held back: the bridge shows UTD rows, then heals them in place.

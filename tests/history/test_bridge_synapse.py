@@ -29,6 +29,7 @@ from gapline.history import (
     RecentHistoryKind,
     RepairPhase,
 )
+from gapline.history._accounts import account_dirname
 from gapline.history._wire_decode import event_from_wire, state_from_wire
 from tests.fixtures.synapse import SynapseKit
 
@@ -162,7 +163,9 @@ async def test_open_gap_fill_send_dump_over_the_bridge(
     await open_and_load(bridge, room)
     assert bodies(bridge.mirror.items(room) or ())[-3:] == first
     await bridge.shutdown()
-    device = json.loads((store / "device.json").read_text())["device_id"]
+    device = json.loads((store / account_dirname(alice.user_id) / "device.json").read_text())[
+        "device_id"
+    ]
 
     # While the bridge is down, more arrives than one page of 5 can reach.
     later = [f"later {i}" for i in range(40)]
@@ -171,7 +174,12 @@ async def test_open_gap_fill_send_dump_over_the_bridge(
     # Run 2: the recent load leaves a gap between the fresh window and run 1's events.
     bridge = await BridgeProcess.start(synapse_kit, alice.user_id, store)
     await open_and_load(bridge, room)
-    assert json.loads((store / "device.json").read_text())["device_id"] == device
+    assert (
+        json.loads((store / account_dirname(alice.user_id) / "device.json").read_text())[
+            "device_id"
+        ]
+        == device
+    )
     items = bridge.mirror.items(room) or ()
     gaps = [i for i in items if isinstance(i, HistoryGapItem)]
     assert gaps, "expected a gap row:\n" + describe(items)

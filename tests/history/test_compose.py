@@ -101,6 +101,10 @@ def test_send_message_on_the_wire() -> None:
     assert to_wire(rich) == data
     assert command_from_wire(data) == rich
     assert command_from_wire(to_wire(plain)) == plain
+    edit = EditMessage("!r:example.org", "$e:example.org", "b", markdown=True)
+    assert to_wire(edit)["EditMessage"]["markdown"] is True
+    assert command_from_wire(to_wire(edit)) == edit
+    assert "markdown" not in to_wire(EditMessage("!r:x", "$e:x", "b"))["EditMessage"]
     for bad in ("m.image", "", 3):
         with pytest.raises(WireError):
             command_from_wire({"SendMessage": {"room_id": "!r:x", "body": "b", "msgtype": bad}})
@@ -171,6 +175,16 @@ async def test_markdown_and_emote_from_echo_to_event(tmp_path, fake, alice):
         await h.engine.sync_once()
         edited = next(r for r in mine(h, room) if r.id == first.id)
         assert edited.edited and edited.body == "now plain" and edited.formatted_body is None
+        second = rows[2]  # the emote
+        answer = await h.engine.execute(
+            EditMessage(room, second.event_id, "now *rich*", markdown=True)
+        )
+        assert answer == Ok()
+        await h.engine.send_queue.wait_sent(7)
+        await h.engine.sync_once()
+        edited = next(r for r in mine(h, room) if r.id == second.id)
+        assert edited.body == "now *rich*" and edited.formatted_body == "<p>now <em>rich</em></p>"
+        assert edited.msgtype == "m.emote"  # an edit keeps the message's type
     sent = [e.content for e in fake.events(room) if e.type == "m.room.message"][:5]
     assert sent[0] == {
         "msgtype": "m.text",
@@ -182,3 +196,10 @@ async def test_markdown_and_emote_from_echo_to_event(tmp_path, fake, alice):
     assert sent[2]["msgtype"] == "m.emote" and sent[2]["format"] == HTML_FORMAT
     assert sent[3] == {"msgtype": "m.text", "body": "**not rendered**"}
     assert sent[4] == {"msgtype": "m.notice", "body": "beep"}
+    [rich_edit] = [
+        e.content
+        for e in fake.events(room)
+        if e.content.get("m.new_content", {}).get("body") == "now *rich*"
+    ]
+    assert rich_edit["formatted_body"] == "* <p>now <em>rich</em></p>"
+    assert rich_edit["m.new_content"]["format"] == HTML_FORMAT

@@ -9,9 +9,11 @@ is the ``VerificationChanged`` events it published.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
+from pathlib import Path
 
 import pytest
 
@@ -40,15 +42,16 @@ from gapline.history import (
 from gapline.matrix import EmptyResponse
 from tests.e2ee.harness import Clock, Peer
 from tests.e2ee.keyserver import KeyServer
-from tests.history.e2ee_support import ALICE, MEGOLM, ROOM, Scene, scene
+from tests.history.e2ee_support import ALICE, MEGOLM, ROOM, Scene, Sink, scene
 
 BOB = ("@bob:x", "B1")
 P = VerificationPhase
 S = VerificationState
 
 
-@pytest.fixture
-async def s(tmp_path) -> AsyncGenerator[Scene]:
+@contextlib.asynccontextmanager
+async def verifying_scene(tmp_path: Path, sink: Sink | None = None) -> AsyncGenerator[Scene]:
+    """Alice's engine and bob in their encrypted room, each knowing the other's device."""
     server = KeyServer()
     # bob's clock is the wall clock: alice's engine ignores a request stamped long ago.
     bob = Peer(server, *BOB, Clock(int(time.time() * 1000)))
@@ -56,10 +59,16 @@ async def s(tmp_path) -> AsyncGenerator[Scene]:
     bob.machine.set_room_encryption(ROOM, MEGOLM)
     bob.machine.update_tracked_users([ALICE[0], BOB[0]])
     bob.commit()
-    async with scene(tmp_path, server, bob) as sc:
+    async with scene(tmp_path, server, bob, sink=sink) as sc:
         await sc.join_encrypted_room()
         await sc.sync()  # alice's engine queried bob's device
         assert sc.engine.devices([BOB[0]])[BOB[0]], "alice knows bob's device"
+        yield sc
+
+
+@pytest.fixture
+async def s(tmp_path: Path) -> AsyncGenerator[Scene]:
+    async with verifying_scene(tmp_path) as sc:
         yield sc
 
 
@@ -238,7 +247,7 @@ async def test_the_commands_and_the_event_on_the_wire() -> None:
     for command, wire in commands.items():
         assert to_wire(command) == wire
         assert command_from_wire(wire) == command
-    with pytest.raises(ValueError, match="user ids"):
+    with pytest.raises(ValueError, match="Matrix user id"):
         command_from_wire({"StartVerification": {"user_id": "bob"}})
     with pytest.raises(ValueError, match="empty"):
         command_from_wire({"AcceptVerification": {"flow_id": ""}})

@@ -21,6 +21,7 @@ import pytest
 
 from gapline.e2ee import bootstrap_cross_signing, enable_backup, encode_recovery_key
 from gapline.history import Engine, EventItem, HistoryGapItem, OpenRoom
+from gapline.history._accounts import account_dirname
 from gapline.matrix import MatrixClient, Session, crypto_api
 from gapline.storage import KdfParams
 from tests.e2ee.synapse_peers import NioDevice
@@ -45,7 +46,7 @@ def _readable(bridge: BridgeProcess, room: str) -> dict[str, str]:
 
 
 async def _sees_device(nio: NioDevice, user_id: str, store: Path) -> None:
-    device = json.loads((store / "device.json").read_text())["device_id"]
+    device = json.loads((store / account_dirname(user_id) / "device.json").read_text())["device_id"]
     for _ in range(40):
         await nio.step(timeout_ms=500)
         devices = nio.client.device_store.active_user_devices(user_id)

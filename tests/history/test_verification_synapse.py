@@ -27,9 +27,8 @@ from gapline.history import (
     VerificationPhase,
 )
 from gapline.matrix import MatrixClient, Session
-from gapline.storage import KdfParams
-from tests.e2ee.synapse_peers import ENCRYPTION
-from tests.history.test_engine_e2ee_synapse import Sink
+from tests.history.e2ee_support import encrypted_room
+from tests.history.test_engine_e2ee_synapse import Sink, gapline
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,13 +38,7 @@ P = VerificationPhase
 
 @contextlib.asynccontextmanager
 async def engine(kit: Any, session: Session, store: Path, sink: Sink) -> AsyncGenerator[Engine]:
-    async with (
-        MatrixClient(kit.base_url, session=session, trust_env=False) as client,
-        Engine.open(
-            store, client, passphrase="pw", sink=sink, sync=False, send=True, e2ee=True,
-            kdf_cost=KdfParams.cheap(),
-        ) as e,
-    ):  # fmt: skip
+    async with gapline(kit, session, store, sink) as (e, _):
         await e.sync_once()
         yield e
 
@@ -121,12 +114,7 @@ async def test_two_users_verify_in_their_room_and_sign_each_others_master_key(
 ) -> None:
     alice = await synapse_kit.user("alice")
     bob = await synapse_kit.user("bob")
-    async with synapse_kit.client(alice) as client:
-        room = await client.create_room(
-            preset="private_chat", initial_state=[ENCRYPTION], invite=[bob.user_id]
-        )
-    async with synapse_kit.client(bob) as client:
-        await client.join(room)
+    room = await encrypted_room(synapse_kit, alice, bob)
     sa, sb = Sink(), Sink()
     async with (
         engine(synapse_kit, alice, tmp_path / "a", sa) as a,

@@ -18,6 +18,7 @@ from gapline.history import (
     Ok,
     OpenRoom,
     RecentHistoryKind,
+    RoomCreated,
 )
 from tests.history.test_engine_support import NO_RETRY, open_engine
 
@@ -72,8 +73,9 @@ async def test_invites_accepted_and_declined_and_a_direct_room(tmp_path, synapse
             created = await h.engine.execute(
                 CreateRoom(name="us", invitees=(bob.user_id,), encrypted=True, direct=True)
             )
-            assert created == Ok()
+            assert isinstance(created, RoomCreated)
             [direct] = (await client.account_data("m.direct"))[bob.user_id]
+            assert created.room_id == direct
             assert await h.engine.execute(OpenRoom(direct)) == Ok()
             state = await client.room_state(direct)
             assert any(e.type == "m.room.encryption" for e in state)

@@ -35,6 +35,9 @@ from gapline.history import (
     HistoryRepairReport,
     Insert,
     Interrupted,
+    InviteUser,
+    JoinRoom,
+    LeaveRoom,
     MarkRead,
     Ok,
     OpenRoom,
@@ -56,6 +59,7 @@ from gapline.history import (
     SendMessage,
     SendReaction,
     Set,
+    SetTopic,
     SetTyping,
     ShrinkTimeline,
     TimelineChanged,
@@ -63,6 +67,7 @@ from gapline.history import (
     TimelineReset,
     VectorDiff,
 )
+from gapline.history._markdown import formatted_body
 
 ROOM = "!room:example.org"
 BASE_TS = 1_764_500_000_000  # 2025-11-30 10:53:20 UTC
@@ -204,7 +209,12 @@ class FakeEngine:
                 if room not in self.items:
                     return RoomNotOpen()
                 n = 10_000 + len(self.commands)
-                row = replace(message(n, sender=self.me or "@alice:example.org"), body=body)
+                row = replace(
+                    message(n, sender=self.me or "@alice:example.org"),
+                    body=body,
+                    msgtype=command.msgtype,
+                    formatted_body=formatted_body(body) if command.markdown else None,
+                )
                 if root is not None:
                     self.threads.setdefault(root, []).append(row)
                     await self._publish(TimelineChanged(room, (PushBack(row),), root))
@@ -226,6 +236,8 @@ class FakeEngine:
             case MarkRead() | SetTyping() | SendReaction() | RedactEvent() | EditMessage():
                 return Ok()  # recorded in `commands`; the effect is not modelled
             case RetrySend() | CancelSend() | AcceptInvite():
+                return Ok()  # recorded in `commands`; the effect is not modelled
+            case InviteUser() | SetTopic() | JoinRoom() | LeaveRoom():
                 return Ok()  # recorded in `commands`; the effect is not modelled
         return Failed(f"the fake engine does not do {command!r}")
 

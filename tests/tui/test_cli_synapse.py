@@ -9,8 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from gapline.history import Engine
-from gapline.storage import KdfParams
+from gapline.history._accounts import account_dirname
 from tests.fixtures.synapse import SynapseKit
 
 
@@ -42,14 +41,18 @@ async def test_bad_password_and_wrong_passphrase_exit_1(
     assert err.startswith(f"gapline tui: login as {alice.user_id} failed:")
     assert len(err.strip().splitlines()) == 1
 
-    # a store made with another passphrase
-    async with Engine.open(store, None, passphrase="first", kdf_cost=KdfParams.cheap()):
-        pass
+    # the store opened (made with "pp") before that login was refused; another
+    # passphrase is refused before any login
+    account = store / account_dirname(alice.user_id)
+    assert (account / "history.sqlite3").exists()
     status, out, err = await _tui(synapse_kit, alice.user_id, "right-password", store, "second")
     assert status == 1
-    assert err.startswith(f"gapline tui: cannot open the store in {store}")
+    assert err.startswith(f"gapline tui: cannot open the store in {account}: wrong passphrase")
     assert len(err.strip().splitlines()) == 1
-    # the login before it succeeded, and its device is remembered (no token on disk)
-    device = json.loads((store / "device.json").read_text())
+    assert not (account / "device.json").exists()
+    # with its passphrase the login goes through: the device is named, the token sealed
+    status, out, err = await _tui(synapse_kit, alice.user_id, "right-password", store, "pp")
+    assert status == 5  # no terminal, after the login
+    device = json.loads((account / "device.json").read_text())
     assert device["user_id"] == alice.user_id and device["device_id"]
     assert "access_token" not in device

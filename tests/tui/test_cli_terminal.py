@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from gapline.clikit import Exit
+from gapline.history._accounts import account_dirname
 from tests.fixtures.synapse import SynapseKit
 
 
@@ -39,4 +40,9 @@ async def test_no_terminal_after_a_good_login_is_one_line_and_status_5(
         "(for scripts: gapline bridge speaks the same engine as JSON lines)"
     ]
     # The login went through on the device asked for, and the store opened.
-    assert json.loads((store / "device.json").read_text())["device_id"] == "GAPLINETUI1"
+    assert (
+        json.loads((store / account_dirname(alice.user_id) / "device.json").read_text())[
+            "device_id"
+        ]
+        == "GAPLINETUI1"
+    )

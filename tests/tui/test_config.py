@@ -135,9 +135,17 @@ def test_the_cli_takes_the_homeserver_from_the_config(tmp_path: Path) -> None:
     # It went on to ask for the password (there is no terminal): the homeserver was taken.
     assert code == Exit.NO_TERMINAL
     assert "there is no terminal to ask on" in only_line(err, "gapline tui")
-    code, _, err = gapline("tui", "--config", str(tmp_path / "none.toml"), "--user", USER)
+    code, _, err = gapline(
+        "tui",
+        "--config",
+        str(tmp_path / "none.toml"),
+        "--user",
+        USER,
+        "--store",
+        str(tmp_path / "t"),
+    )
     assert code == Exit.USAGE
-    assert "--homeserver is needed" in only_line(err, "gapline tui")
+    assert "no --homeserver" in only_line(err, "gapline tui")
 
 
 def test_the_documented_example_parses() -> None:

@@ -16,6 +16,7 @@ from gapline.history import AcceptInvite, SendMessage, SendQueueChanged
 from gapline.history.rooms import RoomDirectory, RoomSummary
 from gapline.matrix import SyncResponse
 from gapline.tui import GaplineApp
+from gapline.tui._compose_box import ComposeBox
 from gapline.tui._connection import Reachability
 from gapline.tui._help import HelpScreen, help_table
 from gapline.tui._keys import KEY_TABLE
@@ -204,9 +205,9 @@ async def test_focus_returns_to_the_timeline_after_sending() -> None:
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: len(app.timeline.rows) == 16, "the rows")
         await pilot.press("i")
-        assert isinstance(app.focused, Input)
+        assert isinstance(app.focused, ComposeBox)
         await pilot.press("h", "i", "enter")
-        await until(pilot, lambda: SendMessage(ROOM, "hi") in fake.commands, "sent")
+        await until(pilot, lambda: SendMessage(ROOM, "hi", markdown=True) in fake.commands, "sent")
         assert app.focused is app.timeline
         await pilot.press("q")  # a command again, not a "q" typed into the box
         await until(pilot, lambda: not app.is_running, "quit")

@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator
 from datetime import UTC
 
 import pytest
-from textual.widgets import Input, OptionList, ProgressBar
+from textual.widgets import OptionList, ProgressBar
 
 from gapline.history import (
     Cancel,
@@ -21,6 +21,7 @@ from gapline.history import (
 )
 from gapline.history.rooms import RoomDirectory, RoomSummary
 from gapline.tui import GaplineApp
+from gapline.tui._compose_box import ComposeBox
 from gapline.tui._timeline import EventRow, GapRow
 from tests.tui.fake_engine import ROOM, FakeEngine, FillPlan, gap, message
 from tests.tui.support import gap_text, make_app, page, standard_items, until
@@ -203,12 +204,12 @@ async def test_new_messages_keep_a_bottom_view_at_the_bottom_and_compose_sends()
         await until(pilot, lambda: len(view.rows) == 60, "the rows")
         await until(pilot, lambda: view.scroll_y == view.max_scroll_y > 0, "the bottom")
         await pilot.press("i")
-        assert isinstance(app.focused, Input)
+        assert isinstance(app.focused, ComposeBox)
         await pilot.press(*"hello", "enter")
         await until(pilot, lambda: len(view.rows) == 61, "the sent message")
-        assert SendMessage(ROOM, "hello") in fake.commands
+        assert SendMessage(ROOM, "hello", markdown=True) in fake.commands
         await until(pilot, lambda: view.scroll_y == view.max_scroll_y, "the new bottom")
-        assert app.query_one(Input).value == ""
+        assert app.query_one(ComposeBox).value == ""
 
 
 async def test_retry_key_and_quit_close_the_engine() -> None:

@@ -14,12 +14,12 @@ from gapline.history import (
     RecentHistoryState,
 )
 from gapline.history.rooms import RoomDirectory, RoomSummary
-from gapline.matrix import RetryPolicy, Session, SyncResponse
+from gapline.matrix import RetryPolicy, SyncResponse
 from gapline.matrix.testing import FakeHomeserver
 from gapline.storage import KdfParams
 from gapline.tui import GaplineApp, item_line, recent_label
 from gapline.tui._timeline import EventRow
-from gapline.tui.cli import engine_connect, remember_device, stored_device
+from gapline.tui.cli import engine_connect
 from tests.tui.fake_engine import message
 from tests.tui.support import until
 
@@ -75,15 +75,6 @@ def test_directory_names_rooms_from_syncs_and_tells_listeners() -> None:
     unsubscribe()
     directory.put(RoomSummary("!d:x", name="delta"))
     assert len(calls) == 3
-
-
-def test_device_is_remembered_per_user(tmp_path: Path) -> None:
-    session = Session("https://hs", "@alice:hs", "DEVICE1", "secret-token")
-    assert stored_device(tmp_path, "alice") is None
-    remember_device(tmp_path, "alice", session)
-    assert stored_device(tmp_path, "alice") == "DEVICE1"
-    assert stored_device(tmp_path, "bob") is None
-    assert "secret-token" not in (tmp_path / "device.json").read_text()
 
 
 async def test_the_command_glue_lists_rooms_and_switches_between_them(tmp_path: Path) -> None:

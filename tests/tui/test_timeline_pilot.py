@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from textual.widgets import Input, OptionList, Static
+from textual.widgets import OptionList, Static
 
 from gapline.history import (
     EditMessage,
@@ -25,6 +25,7 @@ from gapline.history import (
     TypingChanged,
 )
 from gapline.history.rooms import RoomSummary
+from gapline.tui._compose_box import ComposeBox
 from gapline.tui._rows import EventRow, MarkerRow
 from gapline.tui._text import sender_colour
 from tests.tui.fake_engine import ROOM, message
@@ -87,13 +88,13 @@ async def test_reply_edit_delete_react_and_mark_read_keys_send_their_commands() 
         await until(pilot, lambda: len(app.timeline.rows) == 10, "the rows")
         app.timeline.select("e2")
         await pilot.press("a")
-        box = app.query_one("#compose", Input)
+        box = app.query_one("#compose", ComposeBox)
         assert "reply to Bob" in box.placeholder and app.focused is box
         await pilot.press("y", "e", "s")
         await until(pilot, lambda: SetTyping(ROOM, True) in fake.commands, "typing out")
         await pilot.press("enter")
         await until(pilot, lambda: any(isinstance(c, SendMessage) for c in fake.commands), "send")
-        assert SendMessage(ROOM, "yes", in_reply_to="$e2") in fake.commands
+        assert SendMessage(ROOM, "yes", in_reply_to="$e2", markdown=True) in fake.commands
         await until(pilot, lambda: SetTyping(ROOM, False) in fake.commands, "typing stopped")
         assert "write a message" in box.placeholder  # back to plain messages
         await pilot.press("escape")
@@ -102,7 +103,9 @@ async def test_reply_edit_delete_react_and_mark_read_keys_send_their_commands() 
         assert box.value == "on my way (bike)"
         box.value = "here"
         await pilot.press("enter")
-        await until(pilot, lambda: EditMessage(ROOM, "$e7", "here") in fake.commands, "edit")
+        await until(
+            pilot, lambda: EditMessage(ROOM, "$e7", "here", markdown=True) in fake.commands, "edit"
+        )
         await pilot.press("escape")
         app.timeline.select("e2")  # bob's: not editable
         await pilot.press("e")
@@ -129,7 +132,7 @@ async def test_t_opens_the_thread_view_and_esc_comes_back() -> None:
         await pilot.press("i", "o", "k")
         await pilot.press("enter")
         await until(pilot, lambda: len(app.timeline.rows) == 4, "the reply in the thread")
-        assert SendMessage(ROOM, "ok", thread_root="$e6") in fake.commands
+        assert SendMessage(ROOM, "ok", thread_root="$e6", markdown=True) in fake.commands
         await pilot.press("escape")  # leave the compose box
         await pilot.press("escape")  # leave the thread
         await until(pilot, lambda: len(app.timeline.rows) == 10, "the room again")

@@ -10,7 +10,6 @@ and each answer reaches bob: ``y`` a MAC (then verified), ``n``
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import UTC
@@ -20,21 +19,15 @@ from textual.pilot import Pilot
 
 from gapline.e2ee import VerificationState
 from gapline.history import Engine, Event, EventSink, VerificationPhase
-from gapline.storage import KdfParams
 from gapline.tui import GaplineApp
 from gapline.tui._verification import DevicePicker, VerificationScreen, flow_text
-from tests.e2ee.harness import Clock, Peer
-from tests.e2ee.keyserver import KeyServer
 from tests.history.e2ee_support import (
     ALICE,
-    MEGOLM,
     ROOM,
-    Homeserver,
     Scene,
     Sink,
-    alice_client,
 )
-from tests.history.test_engine_verification import BOB, bob_receive, bob_send
+from tests.history.test_engine_verification import bob_receive, bob_send, verifying_scene
 from tests.tui.support import until
 
 P = VerificationPhase
@@ -77,23 +70,9 @@ class Run:
 
 @contextlib.asynccontextmanager
 async def tui(tmp_path: Path) -> AsyncGenerator[Run]:
-    server = KeyServer()
-    bob = Peer(server, *BOB, Clock(int(time.time() * 1000)))
-    bob.pump()
-    bob.machine.set_room_encryption(ROOM, MEGOLM)
-    bob.machine.update_tracked_users([ALICE[0], BOB[0]])
-    bob.commit()
-    forward, hs = Forward(), Homeserver()
-    async with (
-        alice_client(server, hs) as client,
-        Engine.open(
-            tmp_path, client, passphrase="pw", sink=forward, sync=False, send=True, e2ee=True,
-            kdf_cost=KdfParams.cheap(),
-        ) as engine,
-    ):  # fmt: skip
-        scene = Scene(server, Clock(), engine, forward, bob, hs)
-        await scene.join_encrypted_room()
-        await scene.sync()
+    forward = Forward()
+    async with verifying_scene(tmp_path, forward) as scene:
+        engine = scene.engine
 
         @contextlib.asynccontextmanager
         async def connect(sink: EventSink) -> AsyncGenerator[Engine]:

@@ -15,6 +15,7 @@ __all__ = [
     "LOG_LEVELS",
     "add_log_flags",
     "add_login_flags",
+    "add_user_flag",
     "existing_store",
     "log_level",
     "store_directory",
@@ -29,23 +30,34 @@ _LEVELS = {
 LOG_LEVELS = tuple(_LEVELS)
 
 
-def add_login_flags(parser: argparse.ArgumentParser) -> None:
-    """``--homeserver URL --user MXID`` and the password's sources."""
+def add_login_flags(parser: argparse.ArgumentParser, *, stored: bool = False) -> None:
+    """``--homeserver URL --user MXID`` and the password's sources.
+
+    ``stored``: a command on a store that remembers its accounts' logins (``gapline
+    login`` made them), where both flags are optional: the homeserver is the one the
+    account logged in to, the user the store's only account (the command's description
+    says so; a flag's help is the same in every command).
+    """
     parser.add_argument(
         "--homeserver",
-        required=True,
+        required=not stored,
         type=homeserver_url,
         metavar="URL",
         help="the homeserver's base URL, e.g. https://matrix.example.org",
     )
+    add_user_flag(parser, required=not stored)
+    add_secret_flags(parser, PASSWORD)
+
+
+def add_user_flag(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """``--user MXID``: the account a command acts as (or picks in a store of several)."""
     parser.add_argument(
         "--user",
-        required=True,
+        required=required,
         type=user_id,
         metavar="MXID",
-        help="the account to log in as, a full Matrix user ID (@name:server)",
+        help="the account, a full Matrix user ID (@name:server)",
     )
-    add_secret_flags(parser, PASSWORD)
 
 
 def add_log_flags(parser: argparse.ArgumentParser, *, default: str = "info") -> None:

@@ -165,11 +165,13 @@ class RedactEvent:
 
 @dataclass(frozen=True, slots=True)
 class EditMessage:
-    """Replace the text of one of this account's messages (an ``m.replace``)."""
+    """Replace the text of one of this account's messages (an ``m.replace``); with
+    ``markdown``, the new text's HTML goes with it as ``SendMessage``'s does."""
 
     room_id: str
     event_id: str
     body: str
+    markdown: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,11 @@ __all__ = ["describe"]
 def describe(exc: BaseException) -> str:
     """A readable one-line message for a failure a user may see."""
     if isinstance(exc, UnknownToken):
+        if exc.soft_logout:
+            return (
+                f"the session expired ({exc}); log in again (`gapline login`): "
+                "the same device resumes"
+            )
         return f"the homeserver no longer accepts this session ({exc}); log in again"
     if isinstance(exc, MatrixUnavailable):
         return f"the homeserver is unavailable: {exc}"

@@ -152,13 +152,22 @@ class Sending:
                 "only a message can be edited (not an edit, a reaction or a state event)"
             )
         msgtype = original.content.get("msgtype")
-        new = {"msgtype": msgtype if isinstance(msgtype, str) else "m.text", "body": command.body}
+        new: dict[str, Any] = {
+            "msgtype": msgtype if isinstance(msgtype, str) else "m.text",
+            "body": command.body,
+        }
+        html = formatted_body(command.body) if command.markdown else None
+        if html is not None:
+            new["format"] = HTML_FORMAT
+            new["formatted_body"] = html
         content = {
             **new,
             "body": "* " + command.body,
             "m.new_content": new,
             "m.relates_to": {"rel_type": "m.replace", "event_id": command.event_id},
         }
+        if html is not None:
+            content["formatted_body"] = "* " + html
         return await self._queue.enqueue(command.room_id, original.type, content)
 
     async def mark_read(self, command: MarkRead) -> Answer:

@@ -216,6 +216,11 @@ class Verifying:
             for status in statuses:
                 if status.state is VerificationState.DONE and status.flow_id not in self._signed:
                     self._signed[status.flow_id] = await self._sign(driver, status)
+        known = {s.flow_id for s in statuses}  # the machine forgets flows long ended
+        for held in (self._shown, self._signed):
+            for flow_id in [f for f in held if f not in known]:
+                del held[flow_id]
+        self._outgoing &= known
         for status in statuses:
             event = self._event(status)
             if self._shown.get(status.flow_id) != event:

@@ -352,8 +352,14 @@ def to_wire(value: object) -> Json:
             return _tag(
                 "RedactEvent", _with({"room_id": room_id, "event_id": event_id}, reason=reason)
             )
-        case EditMessage(room_id=room_id, event_id=event_id, body=body):
-            return _tag("EditMessage", {"room_id": room_id, "event_id": event_id, "body": body})
+        case EditMessage(room_id=room_id, event_id=event_id, body=body, markdown=markdown):
+            return _tag(
+                "EditMessage",
+                _with(
+                    {"room_id": room_id, "event_id": event_id, "body": body},
+                    markdown=markdown or None,
+                ),
+            )
         case MarkRead(room_id=room_id, event_id=event_id, private=private):
             return _tag(
                 "MarkRead",

@@ -10,7 +10,8 @@ answers it as ``{"Invalid": message}``. Each decoder is the inverse of
 
 Fields added after the first protocol version are optional on input (a
 command written without them means what it meant before): ``SendMessage``'s
-``in_reply_to``, ``thread_root``, ``msgtype`` and ``markdown``, ``PaginateBackwards``' ``thread_root``,
+``in_reply_to``, ``thread_root``, ``msgtype`` and ``markdown``, ``EditMessage``'s
+``markdown``, ``PaginateBackwards``' ``thread_root``,
 ``TimelineReset``/``TimelineChanged``'s ``thread_root``, and the state's
 ``threads``, ``typing`` and ``members``.
 """
@@ -244,9 +245,12 @@ def command_from_wire(value: Json, where: str = "command") -> Command:
                 f.get("room_id", room_id), f.get("event_id", event_id), f.opt("reason", str_)
             )
         case "EditMessage":
-            f = Fields(payload, at, ("room_id", "event_id", "body"))
+            f = Fields(payload, at, ("room_id", "event_id", "body"), ("markdown",))
             return EditMessage(
-                f.get("room_id", room_id), f.get("event_id", event_id), f.get("body", str_)
+                f.get("room_id", room_id),
+                f.get("event_id", event_id),
+                f.get("body", str_),
+                markdown=bool(f.opt("markdown", bool_)),
             )
         case "MarkRead":
             f = Fields(payload, at, ("room_id", "event_id"), ("private",))

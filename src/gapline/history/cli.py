@@ -1,36 +1,32 @@
 """`gapline bridge`: the history engine's wire protocol as JSON lines on stdin/stdout.
 
-    gapline bridge --homeserver URL --user MXID --store DIR
+    gapline bridge --store DIR [--user MXID] [--homeserver URL]
                    [--password-file FILE | --password PASSWORD]
                    [--passphrase-file FILE | --passphrase PASSPHRASE] [--device-id ID]
                    [--recovery-key-file FILE]
 
-Opens the engine's encrypted store in DIR (a wrong passphrase fails here,
-before any network request), logs in (reusing the device stored in DIR, so
-the server sees one device across restarts), starts the sync loop, and serves
-requests until end of input or ``"Shutdown"``. With ``--recovery-key-file`` it
-first restores the account's keys from its server-side backup (a wrong key fails
-before the sync starts, nothing changed). stdout carries protocol lines
-only; logs go to stderr. See docs/history.md.
+Opens the account's encrypted store in DIR (a wrong passphrase fails here, before any
+network request), resumes the session `gapline login` sealed there or logs in with the
+password (reusing the device stored in DIR, so the server sees one device across
+restarts), starts the sync loop, and serves requests until end of input or
+``"Shutdown"``. With ``--recovery-key-file`` it first restores the account's keys from
+its server-side backup (a wrong key fails before the sync starts, nothing changed).
+stdout carries protocol lines only; logs go to stderr. See docs/history.md.
 
 This module also holds what `gapline tui` shares with the bridge: the engine
-tuning flags and the store's ``device.json``.
+tuning flags and the store flags.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import logging
-import os
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
 
 from gapline.clikit import (
     PASSPHRASE,
-    PASSWORD,
     CommandError,
     Exit,
     add_log_flags,
@@ -40,8 +36,6 @@ from gapline.clikit import (
     examples,
     log_level,
     recovery_key,
-    resolve_secret,
-    store_directory,
 )
 from gapline.e2ee import E2eeError, RecoveryKeyInvalid, SecretStorageError, WrongRecoveryKey
 from gapline.history._bridge import Bridge, LineWriter, stream_lines
@@ -49,44 +43,42 @@ from gapline.history._engine import Engine
 from gapline.history._mirror import Mirror
 from gapline.history._publish import Publisher
 from gapline.history._types import EngineConfig
-from gapline.matrix import MatrixClient, MatrixError, MatrixUnavailable, Session
+from gapline.history.cli_session import (
+    Target,
+    add_device_flag,
+    sign_in,
+    store_passphrase,
+    target,
+)
+from gapline.matrix import MatrixClient, MatrixError
 from gapline.storage import StorageError, WrongPassphrase
 
 __all__ = [
     "DESCRIPTION",
-    "DEVICE_FILE",
     "EXAMPLES",
     "add_engine_tuning",
     "add_store_flags",
-    "check_store",
     "configure",
     "engine_config",
-    "login_failure",
     "recover",
-    "remember_device",
     "run",
-    "stored_device",
 ]
 
 log = logging.getLogger("gapline.history.bridge")
 
-DEVICE_FILE = "device.json"  # `gapline tui` keeps the same file: one device per store
-
 DESCRIPTION = """\
 Speak the history engine's wire protocol as JSON lines on stdin/stdout.
 
-Opens the encrypted store in --store DIR first (a wrong passphrase fails before any
-network request), logs in reusing the device the store remembers, starts the sync loop
+Opens the account's encrypted store in --store DIR first (a wrong passphrase fails before
+any network request), resumes the session `gapline login` kept there (or logs in with the
+password, reusing the device the store remembers), starts the sync loop
 and answers one JSON request per line until end of input or "Shutdown". stdout carries
 protocol lines only; logs go to stderr. --recovery-key-file restores the account's
 message keys from its key backup first (a new device reads the history the account could
 read before)."""
 
 EXAMPLES = examples(
-    (
-        "gapline bridge --homeserver https://matrix.example.org --user @me:example.org",
-        "--password-file password.txt --passphrase-file passphrase.txt --store bridge-store",
-    ),
+    "gapline bridge --store ~/gapline --user @me:example.org --passphrase-file passphrase.txt",
     (
         "printf '%s\\n' '\"DumpState\"' '\"Shutdown\"' | GAPLINE_PASSWORD=pw GAPLINE_PASSPHRASE=pp",
         "gapline bridge --homeserver http://127.0.0.1:8008 --user @me:localhost --store bridge-store",
@@ -135,59 +127,20 @@ def add_store_flags(parser: argparse.ArgumentParser, *, default: str | None = No
         default=None,
         metavar="DIR",
         type=Path,
-        help="directory of the encrypted cache, created if missing; it also remembers "
-        "the device to log in as" + (f" (default: {default})" if default else ""),
+        help="directory of the accounts' encrypted stores, created if missing: one "
+        "subdirectory per account, with its messages, keys and sealed session"
+        + (f" (default: {default})" if default else ""),
     )
     add_secret_flags(parser, PASSPHRASE)
-    parser.add_argument(
-        "--device-id",
-        metavar="ID",
-        default=None,
-        help="device to log in as (default: the one the store remembers)",
-    )
+    add_device_flag(parser)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_login_flags(parser)
+    add_login_flags(parser, stored=True)
     add_store_flags(parser)
     add_recovery_flags(parser)
     add_engine_tuning(parser)
     add_log_flags(parser)
-
-
-def stored_device(store: Path, user: str) -> str | None:
-    """The device ID this store logged in with before, if it was for the same user."""
-    try:
-        data = json.loads((store / DEVICE_FILE).read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring unreadable %s: %s", store / DEVICE_FILE, exc)
-        return None
-    if isinstance(data, dict) and data.get("user") == user:
-        device = data.get("device_id")
-        return device if isinstance(device, str) else None
-    return None
-
-
-def remember_device(store: Path, user: str, session: Session) -> None:
-    # Only identifiers, never the access token: every start logs in with the
-    # password, so no credential sits in the store directory.
-    path = store / DEVICE_FILE
-    tmp = path.with_suffix(".tmp")
-    data = {"user": user, "user_id": session.user_id, "device_id": session.device_id}
-    try:
-        tmp.write_text(json.dumps(data) + "\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise CommandError(f"cannot write {path}: {exc.strerror or exc}", Exit.STORE) from None
-
-
-def login_failure(homeserver: str, user: str, exc: MatrixError) -> CommandError:
-    """The one line for a login that did not happen: unreachable server, or refused."""
-    if isinstance(exc, MatrixUnavailable):
-        return CommandError(f"cannot reach the homeserver at {homeserver}: {exc}")
-    return CommandError(f"login as {user} failed: {exc}")
 
 
 async def recover(engine: Engine, key: str) -> None:
@@ -209,18 +162,6 @@ async def recover(engine: Engine, key: str) -> None:
     log.info("recovery done: keys are restored from the key backup as rooms show them")
 
 
-async def check_store(store: Path, passphrase: str) -> None:
-    """Open and close the store offline, so a wrong passphrase (status 1) or a store that
-    cannot be used (status 4) is one line before any screen opens."""
-    try:
-        async with Engine.open(store, None, passphrase=passphrase, sync=False):
-            pass
-    except WrongPassphrase as exc:
-        raise CommandError(f"cannot open the store in {store}: {exc}") from None
-    except StorageError as exc:
-        raise CommandError(f"cannot open the store in {store}: {exc}", Exit.STORE) from None
-
-
 def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
     """Check the flags, the store directory and the secrets, then hand back the serving
     coroutine."""
@@ -229,38 +170,27 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
         level=log_level(args),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    store = store_directory(args.store)
+    chosen = target(args)
     config = engine_config(args)
-    password = resolve_secret(args, PASSWORD, prompt=f"password for {args.user}: ")
-    assert password is not None
-    passphrase = resolve_secret(
-        args, PASSPHRASE, prompt=f"passphrase of the store in {store}: ", required=False
-    )
-    if passphrase is None:
-        log.warning(
-            "no --passphrase-file, no $GAPLINE_PASSPHRASE and no terminal to ask on: "
-            "the store's key is wrapped with an empty passphrase"
-        )
-    device_id = args.device_id or stored_device(store, args.user)
+    passphrase = store_passphrase(args, chosen.account.directory)
     key = recovery_key(args)
-    return _serve(args, config, store, device_id, password, passphrase or "", key)
+    return _serve(args, config, chosen, passphrase, key)
 
 
 async def _serve(
     args: argparse.Namespace,
     config: EngineConfig,
-    store: Path,
-    device_id: str | None,
-    password: str,
+    chosen: Target,
     passphrase: str,
     key: str | None = None,
 ) -> int:
+    store = chosen.account.directory
     writer = LineWriter(sys.stdout.buffer)
     mirror = Mirror()
     publisher = Publisher([mirror, writer])
     opened = False
     failure: CommandError | None = None
-    async with MatrixClient(args.homeserver) as client:
+    async with MatrixClient(chosen.homeserver) as client:
         try:
             # The store first: a wrong passphrase is a clear error before any
             # network request. The sync loop starts only once the client is logged in.
@@ -277,17 +207,15 @@ async def _serve(
                 # Failures are raised after the engine closed (its task group would
                 # wrap them in an exception group).
                 try:
-                    session = await client.login(
-                        args.user,
-                        password,
-                        device_id=device_id,
-                        initial_device_display_name="gapline bridge",
+                    session = await sign_in(
+                        client,
+                        engine.store,
+                        chosen,
+                        device_id=args.device_id,
+                        name="gapline bridge",
                     )
-                    await asyncio.to_thread(remember_device, store, args.user, session)
                     if key is not None:
                         await recover(engine, key)
-                except MatrixError as exc:
-                    failure = login_failure(args.homeserver, args.user, exc)
                 except CommandError as exc:
                     failure = exc
                 else:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -34,10 +33,10 @@ from gapline.clikit import (
     add_log_flags,
     add_login_flags,
     add_secret_flags,
+    add_user_flag,
     examples,
     log_level,
     resolve_secret,
-    store_directory,
     subcommand,
 )
 from gapline.e2ee import (
@@ -54,15 +53,11 @@ from gapline.e2ee import (
     set_up_recovery,
     upload_backup,
 )
+from gapline.history._accounts import choose_account, read_record
 from gapline.history._crypto import STORE_KEY_LABEL
 from gapline.history._engine import Engine
-from gapline.history.cli import (
-    DEVICE_FILE,
-    add_store_flags,
-    login_failure,
-    remember_device,
-    stored_device,
-)
+from gapline.history.cli import add_store_flags
+from gapline.history.cli_session import Target, sign_in, store_passphrase, target
 from gapline.matrix import MatrixClient, MatrixError
 from gapline.storage import StorageError, WrongPassphrase
 
@@ -132,7 +127,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
             "(every device and user verified with the old keys loses that trust)"
         ),
     )
-    add_login_flags(setup)
+    add_login_flags(setup, stored=True)
     add_store_flags(setup)
     add_log_flags(setup)
     export = subcommand(
@@ -170,6 +165,7 @@ def _offline_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store", required=True, type=Path, metavar="DIR", help="a bridge or tui store directory"
     )
+    add_user_flag(parser, required=False)
     add_secret_flags(parser, PASSPHRASE)
     add_secret_flags(parser, EXPORT_PASSPHRASE)
     add_log_flags(parser)
@@ -182,31 +178,31 @@ def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if args.action == "setup-recovery":
-        store = store_directory(args.store)
-        password = resolve_secret(args, PASSWORD, prompt=f"password for {args.user}: ")
-        passphrase = _store_passphrase(args, store)
-        assert password is not None
-        return _setup(args, store, password, passphrase)
-    store: Path = args.store
-    if not (store / DEVICE_FILE).is_file():
+        chosen = target(args)
+        passphrase = store_passphrase(args, chosen.account.directory)
+        if chosen.password is None:  # cross-signing keys are uploaded with the password
+            password = resolve_secret(
+                args, PASSWORD, prompt=f"password for {chosen.account.user_id}: "
+            )
+            assert password is not None
+            chosen = Target(chosen.store, chosen.account, chosen.homeserver, password)
+        return _setup(args, chosen, passphrase)
+    if not args.store.is_dir():
+        raise CommandError(f"no store at --store {args.store}: not a directory", Exit.STORE)
+    account = choose_account(args.store, args.user)
+    store = account.directory
+    if read_record(store) is None:
         raise CommandError(
-            f"{store} is not a store that logged in: run `gapline bridge` or `gapline tui` "
-            "on it first",
+            f"{store} is not a store that logged in: run `gapline login`, `gapline bridge` or "
+            "`gapline tui` on it first",
             Exit.STORE,
         )
-    passphrase = _store_passphrase(args, store)
+    passphrase = store_passphrase(args, store)
     secret = resolve_secret(args, EXPORT_PASSPHRASE, prompt="passphrase of the key file: ")
     assert secret is not None
     if args.action == "export":
         return _export(store, passphrase, secret, args.out)
     return _import(store, passphrase, secret, args.file)
-
-
-def _store_passphrase(args: argparse.Namespace, store: Path) -> str:
-    passphrase = resolve_secret(
-        args, PASSPHRASE, prompt=f"passphrase of the store in {store}: ", required=False
-    )
-    return passphrase or ""
 
 
 @contextlib.contextmanager
@@ -219,25 +215,18 @@ def _store_errors(store: Path) -> Generator[None]:
         raise CommandError(f"cannot use the store in {store}: {exc}", Exit.STORE) from None
 
 
-async def _setup(args: argparse.Namespace, store: Path, password: str, passphrase: str) -> int:
+async def _setup(args: argparse.Namespace, chosen: Target, passphrase: str) -> int:
+    store = chosen.account.directory
+    assert chosen.password is not None
     with _store_errors(store):
         async with (
-            MatrixClient(args.homeserver) as client,
+            MatrixClient(chosen.homeserver) as client,
             Engine.open(store, client, passphrase=passphrase, sync=False, e2ee=True) as engine,
         ):
-            try:
-                session = await client.login(
-                    args.user,
-                    password,
-                    device_id=args.device_id or stored_device(store, args.user),
-                    initial_device_display_name="gapline",
-                )
-            except MatrixError as exc:
-                raise login_failure(args.homeserver, args.user, exc) from None
-            await asyncio.to_thread(remember_device, store, args.user, session)
+            await sign_in(client, engine.store, chosen, device_id=args.device_id, name="gapline")
             assert engine.crypto is not None
             try:
-                key = await _set_up(engine, password, reset=args.reset_cross_signing)
+                key = await _set_up(engine, chosen.password, reset=args.reset_cross_signing)
             except (E2eeError, MatrixError) as exc:
                 raise CommandError(f"setting up recovery failed: {exc}") from None
     print(key, flush=True)
@@ -304,17 +293,14 @@ async def _machine(store: Path, passphrase: str) -> AsyncGenerator[tuple[Engine,
 
 
 def _device_ids(store: Path) -> tuple[str, str]:
-    try:
-        data = json.loads((store / DEVICE_FILE).read_text())
-        ids = (data["user_id"], data["device_id"])
-    except (OSError, ValueError, KeyError, TypeError):
+    record = read_record(store)
+    if record is None or record.device_id is None:
         raise CommandError(
-            f"{store} has no device: run `gapline bridge` or `gapline tui` on it first",
+            f"{store} has no device: run `gapline login`, `gapline bridge` or `gapline tui` "
+            "on it first",
             Exit.STORE,
-        ) from None
-    if not all(isinstance(i, str) for i in ids):
-        raise CommandError(f"{store / DEVICE_FILE} is damaged", Exit.STORE)
-    return ids
+        )
+    return record.user_id, record.device_id
 
 
 async def _export(store: Path, passphrase: str, secret: str, out: Path) -> int:

@@ -63,13 +63,16 @@ from ._responses import (
     WhoAmIResponse,
     parse,
 )
+from ._session_api import Device, DevicesResponse, LoginFlow, LoginFlowsResponse
 
 __all__ = [
     "BackupVersionResponse",
     "BasicEvent",
     "ClientEvent",
     "ContextResponse",
+    "Device",
     "DeviceLists",
+    "DevicesResponse",
     "Direction",
     "EmptyResponse",
     "EventBlock",
@@ -82,6 +85,8 @@ __all__ = [
     "KeysQueryResponse",
     "KeysUploadResponse",
     "LeftRoom",
+    "LoginFlow",
+    "LoginFlowsResponse",
     "LoginResponse",
     "MatrixClient",
     "MatrixError",

@@ -32,7 +32,7 @@ from typing import Any, Self, TypeVar
 import httpx
 import msgspec
 
-from . import _api
+from . import _api, _session_api
 from ._api import Direction, Request
 from ._client_backup import BackupEndpoints
 from ._client_keys import KeysEndpoints
@@ -56,6 +56,7 @@ from ._responses import (
     parse,
     parse_error,
 )
+from ._session_api import DevicesResponse, LoginFlowsResponse
 
 __all__ = ["MAX_RESPONSE_BYTES", "MatrixClient", "RetryPolicy", "Session"]
 
@@ -421,6 +422,14 @@ class MatrixClient(KeysEndpoints, BackupEndpoints, UserEndpoints):
 
     async def whoami(self) -> WhoAmIResponse:
         return await self.request(_api.whoami(), WhoAmIResponse)
+
+    async def login_flows(self) -> LoginFlowsResponse:
+        """The login types the homeserver offers (``GET /login``, no login needed)."""
+        return await self.request(_session_api.login_flows(), LoginFlowsResponse)
+
+    async def devices(self) -> DevicesResponse:
+        """The account's devices (``GET /devices``)."""
+        return await self.request(_session_api.devices(), DevicesResponse)
 
     async def logout(self) -> None:
         """Invalidate the token server-side and forget it here."""

@@ -66,7 +66,24 @@ class MatrixHTTPError(MatrixError):
 
 
 class UnknownToken(MatrixHTTPError):
-    """``M_UNKNOWN_TOKEN``: the access token was revoked or never existed."""
+    """``M_UNKNOWN_TOKEN``: the access token was revoked or never existed.
+
+    ``soft_logout`` is the server's ``soft_logout`` flag: true when only the token
+    expired and the device (its keys, its sync position) waits for a new login with the
+    same device ID; false when the device itself is gone.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        errcode: str | None = None,
+        error: str | None = None,
+        retry_after_ms: int | None = None,
+        *,
+        soft_logout: bool = False,
+    ) -> None:
+        super().__init__(status, errcode, error, retry_after_ms)
+        self.soft_logout = soft_logout
 
 
 class Forbidden(MatrixHTTPError):
@@ -97,13 +114,18 @@ class MatrixProtocolError(MatrixError):
 
 
 def error_for_status(
-    status: int, errcode: str | None, error: str | None, retry_after_ms: int | None
+    status: int,
+    errcode: str | None,
+    error: str | None,
+    retry_after_ms: int | None,
+    *,
+    soft_logout: bool = False,
 ) -> MatrixHTTPError:
     """Pick the most specific `MatrixHTTPError` subclass for an error answer."""
     cls: type[MatrixHTTPError] = MatrixHTTPError
     if errcode == "M_UNKNOWN_TOKEN":
-        cls = UnknownToken
-    elif errcode == "M_LIMIT_EXCEEDED" or status == 429:
+        return UnknownToken(status, errcode, error, retry_after_ms, soft_logout=soft_logout)
+    if errcode == "M_LIMIT_EXCEEDED" or status == 429:
         cls = RateLimited
     elif errcode == "M_NOT_FOUND" or (status == 404 and errcode is None):
         cls = NotFound

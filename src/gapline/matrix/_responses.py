@@ -356,6 +356,7 @@ class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
     errcode: str | None = None
     error: str | None = None
     retry_after_ms: int | None = None
+    soft_logout: Any = False  # any JSON: a malformed flag must not hide the errcode
 
 
 T = TypeVar("T")
@@ -401,4 +402,6 @@ def parse_error(status: int, body: bytes, retry_after_header: str | None = None)
             retry_after_ms = int(float(retry_after_header) * 1000)
         except (ValueError, OverflowError):  # "soon", "nan", "inf", "1e400"
             retry_after_ms = None
-    return error_for_status(status, info.errcode, info.error, retry_after_ms)
+    return error_for_status(
+        status, info.errcode, info.error, retry_after_ms, soft_logout=info.soft_logout is True
+    )

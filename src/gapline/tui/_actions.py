@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from textual.widgets import Input
-
 from gapline.history import (
     CancelSend,
     EditMessage,
@@ -23,11 +21,12 @@ from gapline.history import (
     OpenThread,
     RedactEvent,
     RetrySend,
-    SendMessage,
     SendReaction,
     SetTyping,
     ShrinkTimeline,
 )
+from gapline.tui._compose import ComposeError, Say, command_for, parse
+from gapline.tui._compose_box import ComposeBox
 from gapline.tui._text import sender_label
 
 if TYPE_CHECKING:
@@ -54,7 +53,7 @@ class RowActions:
 
     def _set_mode(self: GaplineApp, mode: tuple[str, str] | None, placeholder: str) -> None:
         self.compose_mode = mode
-        box = self.query_one("#compose", Input)
+        box = self.query_one("#compose", ComposeBox)
         box.placeholder = placeholder
         box.focus()
 
@@ -73,7 +72,7 @@ class RowActions:
             self.notice("only your own messages can be edited", severity="warning")
             return
         self._set_mode(("edit", item.event_id), "edit your message · enter saves · esc cancels")
-        self.query_one("#compose", Input).value = item.body or ""
+        self.query_one("#compose", ComposeBox).value = item.body or ""
 
     def action_delete(self: GaplineApp) -> None:
         item = self._selected_event()
@@ -121,27 +120,35 @@ class RowActions:
         if self.room_id is not None and self.timeline.detached:
             self.command(ShrinkTimeline(self.room_id, self.thread_root))
 
-    def submit(self: GaplineApp, body: str) -> None:
-        """The compose box was sent, in its mode."""
+    def submit(self: GaplineApp, text: str) -> bool:
+        """The compose box was sent, in its mode: a message, an edit, or a slash command.
+        Whether the text was taken (a refused command stays in the box to be fixed)."""
         if self.room_id is None:
-            return
+            return False
         mode = self.compose_mode
+        parsed = parse(text)
+        if parsed is None:
+            return False
+        if isinstance(parsed, ComposeError):
+            self.notice(parsed.message, severity="warning")
+            return False
         if mode is not None and mode[0] == "edit":
-            self.command(EditMessage(self.room_id, mode[1], body))
+            self.command(EditMessage(self.room_id, mode[1], text.strip(), markdown=True))
         else:
-            reply = mode[1] if mode is not None else None
+            reply = mode[1] if mode is not None and isinstance(parsed, Say) else None
             self.command(
-                SendMessage(self.room_id, body, in_reply_to=reply, thread_root=self.thread_root)
+                command_for(parsed, self.room_id, in_reply_to=reply, thread_root=self.thread_root)
             )
         self.leave_mode()
         self.typed("")
+        return True
 
     def leave_mode(self: GaplineApp) -> bool:
         """Back to plain messages; whether there was a mode to leave."""
         if self.compose_mode is None:
             return False
         self.compose_mode = None
-        box = self.query_one("#compose", Input)
+        box = self.query_one("#compose", ComposeBox)
         box.placeholder = PLACEHOLDER
         box.clear()
         return True

@@ -66,6 +66,7 @@ from gapline.history import (
 )
 from gapline.history.rooms import RoomDirectory
 from gapline.tui._actions import PLACEHOLDER, RowActions
+from gapline.tui._compose_box import ComposeBox
 from gapline.tui._config import TuiConfig
 from gapline.tui._connection import Reachability
 from gapline.tui._engine_link import (
@@ -139,8 +140,6 @@ class GaplineApp(
     #search { width: 24; height: 1; border: none; padding: 0 1; background: $surface; }
     #search:focus { border: none; background: $boost; }
     #search-info { width: 1fr; padding: 0 1; color: $text-muted; }
-    #compose { height: 1; border: none; padding: 0 1; background: $surface; }
-    #compose:focus { border: none; background: $boost; }
     #typing { height: 1; padding: 0 1; color: $text-muted; text-style: italic; display: none; }
     #typing.-typing { display: block; }
     #members { width: 26; height: 1fr; padding: 0 1; border-left: solid $panel-lighten-2;
@@ -208,7 +207,7 @@ class GaplineApp(
                         id="search",
                     )
                     yield Label("", id="search-info")
-                yield Input(placeholder=PLACEHOLDER, id="compose")
+                yield ComposeBox(placeholder=PLACEHOLDER, id="compose")
             yield Static("", id="members")
         yield Footer()
 
@@ -389,29 +388,26 @@ class GaplineApp(
         self.action_live()
 
     def action_compose(self) -> None:
-        self.query_one("#compose", Input).focus()
+        self.query_one("#compose", ComposeBox).focus()
 
-    @on(Input.Submitted, "#compose")
-    def _send(self, event: Input.Submitted) -> None:
-        body = event.value.strip()
-        if not body or self.room_id is None:
-            return
-        event.input.clear()
-        self.submit(body)
-        self.timeline.focus()  # so the next key is a command again, not more text
+    @on(ComposeBox.Submitted, "#compose")
+    def _send(self, event: ComposeBox.Submitted) -> None:
+        if self.room_id is not None and self.submit(event.text):
+            event.box.clear()
+            self.timeline.focus()  # so the next key is a command again, not more text
 
     @on(Input.Submitted, "#search")
     def _search(self, event: Input.Submitted) -> None:
         self.run_search(event.value)
 
-    @on(Input.Changed, "#compose")
-    def _typed(self, event: Input.Changed) -> None:
-        self.typed(event.value)
+    @on(ComposeBox.Changed, "#compose")
+    def _typed(self, event: ComposeBox.Changed) -> None:
+        self.typed(event.text_area.text)
 
     def on_key(self, event) -> None:
         if event.key != "escape":
             return
-        if self.focused is self.query_one("#compose", Input):
+        if self.focused is self.query_one("#compose", ComposeBox):
             if not self.leave_mode():
                 self.timeline.focus()
             event.stop()

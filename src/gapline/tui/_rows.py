@@ -1,7 +1,8 @@
 """The rows of the timeline pane: one widget per item, repainted in place on a ``Set``.
 
 An event row is its sender (display name, in a colour of its own per user), its
-time and text, and around it what the cache made of the event: the reply it
+time and text (its HTML rendered safely, an emote as ``* name does``, a notice dimmed),
+and around it what the cache made of the event: the reply it
 quotes above, its reaction chips and its thread's summary below. A message of
 this account still in the send queue is dimmed with "… sending" beside it, or,
 refused for good, says why below with the keys that retry or discard it. A gap row is a
@@ -16,6 +17,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from gapline.history import EventItem, HistoryGapItem, ReadMarkerItem, TimelineItem
+from gapline.tui._html import body_text, clean
 from gapline.tui._text import (
     event_body,
     event_time,
@@ -77,29 +79,31 @@ class EventRow(Row):
         line = Text(no_wrap=False)
         quote = reply_line(item)
         if quote is not None:
-            line.append(f"{INDENT}{quote}\n", style="italic " + muted)
+            line.append(f"{INDENT}{clean(quote)}\n", style="italic " + muted)
         line.append(event_time(item, self._view.tz), style=muted)
         line.append("  ")
-        line.append(
-            sender_label(item.sender, item.sender_name), style=f"bold {sender_colour(item.sender)}"
-        )
+        who = clean(sender_label(item.sender, item.sender_name))
+        line.append(who, style=f"bold {sender_colour(item.sender)}")
         line.append("  ")
         sending = send_line(item)
-        line.append(body, style="italic " + muted if placeholder or sending else "")
+        shown = Text(clean(body)) if placeholder else body_text(item, who)
+        if placeholder or sending:
+            shown.stylize("italic " + muted)
+        line.append_text(shown)
         if item.edited and not item.redacted:
             line.append(" (edited)", style=muted)
         if sending is not None:
             failed = item.send_state is not None and item.send_state.message is not None
             if failed:
-                line.append(f"\n{INDENT}{sending}", style="bold red")
+                line.append(f"\n{INDENT}{clean(sending)}", style="bold red")
             else:
                 line.append(f"  {sending}", style=muted)
         chips = reactions_line(item, self._view.me)
         if chips is not None:
-            line.append(f"\n{INDENT}{chips}")
+            line.append(f"\n{INDENT}{clean(chips)}")
         thread = thread_line(item)
         if thread is not None:
-            line.append(f"\n{INDENT}{thread}", style=self._view.thread_style)
+            line.append(f"\n{INDENT}{clean(thread)}", style=self._view.thread_style)
         return line
 
 

@@ -155,7 +155,7 @@ class TimelineView(VerticalScroll, can_focus=True):
         at_bottom, anchor, offset = self._place
         self._place = None
         if at_bottom:
-            self.scroll_end(animate=False, immediate=True)
+            self.scroll_end(animate=False)
         elif anchor is not None and anchor.parent is self:
             self.scroll_to(y=anchor.virtual_region.y - offset, animate=False, immediate=True)
 

@@ -227,6 +227,8 @@ class Verification:
 
     def verification_changed(self: GaplineApp, event: VerificationChanged) -> None:
         """A flow moved: update its modal, or open one for a flow not seen yet."""
+        if event.state is P.Done:
+            self._refresh_members()  # the device list shows it verified
         screens = self._verification_screens()
         screen = screens.get(event.flow_id)
         if screen is not None:

@@ -1,6 +1,6 @@
 """`gapline tui`: log in, open the encrypted store, run the terminal client.
 
-    gapline tui --homeserver URL --user MXID [--store DIR] [--room ROOM_ID]
+    gapline tui [--user MXID] [--homeserver URL] [--store DIR] [--room ROOM_ID]
                 [--password-file FILE | --password PASSWORD]
                 [--passphrase-file FILE | --passphrase PASSPHRASE] [--device-id ID]
                 [--recovery-key-file FILE | --recover]
@@ -23,7 +23,6 @@ from typing import Any
 
 from gapline.clikit import (
     PASSPHRASE,
-    PASSWORD,
     CommandError,
     Exit,
     add_login_flags,
@@ -32,19 +31,10 @@ from gapline.clikit import (
     recovery_key,
     resolve_secret,
     room_id,
-    store_directory,
 )
 from gapline.history import Engine, EngineConfig, EventSink
-from gapline.history.cli import (
-    add_engine_tuning,
-    add_store_flags,
-    check_store,
-    engine_config,
-    login_failure,
-    recover,
-    remember_device,
-    stored_device,
-)
+from gapline.history.cli import add_engine_tuning, add_store_flags, engine_config, recover
+from gapline.history.cli_session import Target, on_store, sign_in, target
 from gapline.history.rooms import RoomDirectory
 from gapline.matrix import MatrixClient, MatrixError, MatrixUnavailable, Session, SyncResponse
 from gapline.tui._app import Connect, EngineHandle, GaplineApp
@@ -58,13 +48,14 @@ log = logging.getLogger("gapline.tui")
 DESCRIPTION = """\
 Read Matrix rooms in the terminal, every gap in a room's history shown where it is.
 
-Asks for the password and the store's passphrase unless a file or the environment
-gives them, logs in reusing the device the store remembers, checks the passphrase,
-then opens the screen: f fills the selected gap, ? lists every key, q quits. Keys,
-colours and a default homeserver come from $XDG_CONFIG_HOME/gapline/tui.toml."""
+Asks for the store's passphrase unless a file or the environment gives it, resumes the
+session `gapline login` kept in the store (or asks for the password and logs in, reusing
+the device the store remembers), then opens the screen: f fills the selected gap, ? lists
+every key, q quits. Keys, colours and a default homeserver come from
+$XDG_CONFIG_HOME/gapline/tui.toml."""
 
 EXAMPLES = examples(
-    "gapline tui --homeserver https://matrix.example.org --user @me:example.org",
+    "gapline tui --user @me:example.org",
     (
         "gapline tui --homeserver https://matrix.example.org --user @me:example.org",
         "--password-file password.txt --room '!abc:example.org'",
@@ -162,10 +153,7 @@ def engine_connect(
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_login_flags(parser)
-    for action in parser._actions:  # the config file may name the homeserver instead
-        if action.dest == "homeserver":
-            action.required = False  # same help as every command's: --config's says it
+    add_login_flags(parser, stored=True)
     parser.add_argument(
         "--config",
         type=Path,
@@ -176,17 +164,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
             "i.e. ~/.config/gapline/tui.toml)"
         ),
     )
-    add_store_flags(
-        parser, default="$XDG_DATA_HOME/gapline/<user>, i.e. ~/.local/share/gapline/<user>"
-    )
+    add_store_flags(parser, default="$XDG_DATA_HOME/gapline, i.e. ~/.local/share/gapline")
     parser.add_argument("--room", type=room_id, metavar="ROOM_ID", help="open this room first")
     add_recovery_flags(parser, prompt=True)
     add_engine_tuning(parser)
 
 
-def _default_store(user: str) -> Path:
+def _default_store() -> Path:
+    # Each account's directory in it is the one this default named before accounts.
     base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return base / "gapline" / user.lstrip("@").replace(":", "_")
+    return base / "gapline"
 
 
 def tui_config(args: argparse.Namespace) -> TuiConfig:
@@ -195,12 +182,7 @@ def tui_config(args: argparse.Namespace) -> TuiConfig:
         config = load_config(args.config)
     except ConfigError as exc:
         raise CommandError(str(exc), Exit.USAGE) from None
-    if args.homeserver is None:
-        if config.homeserver is None:
-            raise CommandError(
-                f'--homeserver is needed (or homeserver = "https://..." in {config.path})',
-                Exit.USAGE,
-            )
+    if args.homeserver is None:  # else the one the account logged in to, if any
         args.homeserver = config.homeserver
     return config
 
@@ -208,13 +190,14 @@ def tui_config(args: argparse.Namespace) -> TuiConfig:
 def run(args: argparse.Namespace) -> Coroutine[None, None, int]:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
     tui = tui_config(args)
-    store = store_directory(args.store or _default_store(args.user))
+    args.store = args.store or _default_store()
+    chosen = target(args, hint=f' (or homeserver = "https://..." in {tui.path})')
     config = engine_config(args)
-    password = resolve_secret(args, PASSWORD, prompt=f"password for {args.user}: ")
+    store = chosen.account.directory
     passphrase = resolve_secret(args, PASSPHRASE, prompt=f"passphrase of the store in {store}: ")
-    assert password is not None and passphrase is not None
+    assert passphrase is not None
     key = recovery_key(args)
-    return _main(args, store, config, password, passphrase, key, tui)
+    return _main(args, chosen, config, passphrase, key, tui)
 
 
 def _needs_a_terminal() -> None:
@@ -240,34 +223,30 @@ async def _recover(
 
 async def _main(
     args: argparse.Namespace,
-    store: Path,
+    chosen: Target,
     config: EngineConfig,
-    password: str,
     passphrase: str,
     key: str | None = None,
     tui: TuiConfig | None = None,
 ) -> int:
-    async with MatrixClient(args.homeserver) as client:
-        try:
-            session = await client.login(
-                args.user,
-                password,
-                device_id=args.device_id or stored_device(store, args.user),
-                initial_device_display_name="gapline tui",
-            )
-        except MatrixError as exc:
-            raise login_failure(args.homeserver, args.user, exc) from None
-    remember_device(store, args.user, session)
-    # Check the passphrase before the screen switches (a wrong one fails here, offline).
-    await check_store(store, passphrase)
+    store = chosen.account.directory
+    # The store first (a wrong passphrase fails here, offline), then the session.
+    async with MatrixClient(chosen.homeserver) as client:
+        session = await on_store(
+            store,
+            passphrase,
+            lambda cache: sign_in(
+                client, cache, chosen, device_id=args.device_id, name="gapline tui"
+            ),
+        )
     _needs_a_terminal()
     if key is not None:
-        await _recover(args.homeserver, session, store, passphrase, key)
+        await _recover(chosen.homeserver, session, store, passphrase, key)
     directory = RoomDirectory()
     reachability = Reachability()
     app = GaplineApp(
         engine_connect(
-            args.homeserver,
+            chosen.homeserver,
             session,
             store,
             passphrase=passphrase,

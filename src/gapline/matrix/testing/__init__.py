@@ -108,7 +108,7 @@ or to-device, is a new sibling module):
   and the seeding API (`HomeserverModel`, which `FakeHomeserver` extends);
 - `_wire`: `Call`/`Reply`/`HTTPError`, tokens and query parameters;
 - one module per endpoint family, each an `EndpointFamily` subclass over the
-  model: `_login` (versions, login, register, whoami, logout),
+  model: `_login` (versions, login flows, login, register, whoami, logout),
   `_membership` (createRoom, join, leave, invite, kick, joined_members),
   `_sync`, `_messages` (messages, context, event, relations), `_send`
   (send, redact, state), `_receipts` (read markers, receipts),

@@ -14,10 +14,16 @@ class LoginEndpoints(EndpointFamily):
     async def versions(self, call: Call) -> Reply:
         return Reply(200, {"versions": ["v1.11", "v1.12"], "unstable_features": {}})
 
+    async def flows(self, call: Call) -> Reply:
+        """``GET /login``: the model's `login_types` (a test sets SSO only)."""
+        return Reply(200, {"flows": [{"type": kind} for kind in self.model.login_types]})
+
     async def login(self, call: Call) -> Reply:
         """``m.login.password``; a ``device_id`` given again reuses that device."""
         body = call.body
-        if not isinstance(body, dict) or body.get("type") != "m.login.password":
+        if not isinstance(body, dict) or body.get("type") not in self.model.login_types:
+            raise HTTPError(400, "M_UNKNOWN", "Unknown login type")
+        if body.get("type") != "m.login.password":
             raise HTTPError(400, "M_UNKNOWN", "Unknown login type")
         ident = body.get("identifier") or {}
         user = ident.get("user") if isinstance(ident, dict) else None

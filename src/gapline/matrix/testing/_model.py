@@ -136,6 +136,9 @@ class HomeserverModel:
         self._rooms: dict[str, Room] = {}
         self._passwords: dict[str, str] = {}
         self._tokens: dict[str, tuple[str, str]] = {}
+        self._expired: set[str] = set()  # tokens soft-logged-out: the device stays
+        self.login_types: list[str] = ["m.login.password"]
+        """What ``GET /login`` offers; ``["m.login.sso"]`` makes an SSO-only server."""
         self._global_data: dict[str, AccountData] = {}
         self._room_data: dict[tuple[str, str], AccountData] = {}
         self._profiles: dict[str, str] = {}  # user ID -> display name
@@ -158,6 +161,12 @@ class HomeserverModel:
         """Invalidate an access token (its next use answers ``M_UNKNOWN_TOKEN``)."""
         token = session.access_token if isinstance(session, Session) else session
         self._tokens.pop(token, None)
+
+    def expire(self, session: Session) -> None:
+        """Soft-log-out ``session``: its token answers ``M_UNKNOWN_TOKEN`` with
+        ``soft_logout: true``, and a password login with its device ID resumes it."""
+        self._tokens.pop(session.access_token, None)
+        self._expired.add(session.access_token)
 
     # -- seeding: rooms and events ---------------------------------------------------------
 
@@ -309,7 +318,12 @@ class HomeserverModel:
         token = header.removeprefix("Bearer ")
         found = self._tokens.get(token)
         if found is None:
-            raise HTTPError(401, "M_UNKNOWN_TOKEN", "Unrecognised access token", soft_logout=False)
+            raise HTTPError(
+                401,
+                "M_UNKNOWN_TOKEN",
+                "Unrecognised access token",
+                soft_logout=token in self._expired,
+            )
         return found[0], found[1], token
 
     def _room(self, room_id: str) -> Room:

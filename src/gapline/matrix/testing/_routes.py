@@ -29,6 +29,7 @@ ENDPOINTS = frozenset(
         # _login
         "versions",
         "login",
+        "login_flows",
         "register",
         "whoami",
         "logout",
@@ -113,6 +114,8 @@ class Router:
         match rest:
             case ["login"] if method == "POST":
                 return Route("login", None, self.login.login)
+            case ["login"] if method == "GET":
+                return Route("login_flows", None, self.login.flows)
             case ["register"] if method == "POST":
                 return Route("register", None, self.login.register)
             case ["account", "whoami"]:

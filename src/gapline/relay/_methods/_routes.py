@@ -99,6 +99,7 @@ class RouteMethods:
         self.on_suspended: list[Callable[[], None]] = []
         # With federation, "no route here" may be found on other nodes: not cached.
         self.cache_missing = True
+        self._keys: dict[str, bytes] = {}  # account -> its route's DHT key
 
     def methods(self) -> list[Method]:
         return [
@@ -124,7 +125,12 @@ class RouteMethods:
         first). ``invalid_state`` on an unresolved conflict. No answer cache is consulted.
         """
         core = self.core
-        key = route_dht_key(account, core.context)
+        key = self._keys.get(account)
+        if key is None:  # canonical JSON and a hash: computed once per account
+            key = route_dht_key(account, core.context)
+            if len(self._keys) > _CACHE_LIMIT:
+                self._keys.clear()
+            self._keys[account] = key
         if remote:
             await self.dht.get(key)
         else:
