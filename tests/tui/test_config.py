@@ -145,7 +145,8 @@ def test_the_cli_takes_the_homeserver_from_the_config(tmp_path: Path) -> None:
         str(tmp_path / "t"),
     )
     assert code == Exit.USAGE
-    assert "no --homeserver" in only_line(err, "gapline tui")
+    line = only_line(err, "gapline tui")
+    assert "--homeserver is needed" in line and "none.toml" in line
 
 
 def test_the_documented_example_parses() -> None:
