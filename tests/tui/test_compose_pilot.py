@@ -4,7 +4,7 @@ or text carries terminal escapes shown as harmless text."""
 
 from __future__ import annotations
 
-from gapline.history import InviteUser, LeaveRoom, SendMessage, SetTopic
+from gapline.history import InviteUser, JoinRoom, LeaveRoom, SendMessage, SetTopic
 from gapline.tui._compose_box import ComposeBox
 from tests.tui.fake_engine import ROOM, message
 from tests.tui.support import make_app, until
@@ -77,3 +77,15 @@ async def test_rows_with_hostile_html_and_text_show_as_text() -> None:
         assert "https://bank.example <https://evil.example>" in text
         shown = row_text(app, "e3")
         assert "notice: \ufffd[31mbuild passed" in shown and "\x1b" not in shown
+
+
+async def test_join_by_room_id_shows_the_joined_room() -> None:
+    app, fake = make_app([message(1)])
+    fake.initial["!club:example.org"] = (message(7, body="welcome"),)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: len(app.timeline.rows) == 1, "the rows")
+        await write(pilot, *"/join !club:example.org")
+        await until(pilot, lambda: JoinRoom("!club:example.org") in fake.commands, "the join")
+        await until(pilot, lambda: app.room_id == "!club:example.org", "the joined room")
+        await until(pilot, lambda: len(app.timeline.rows) == 1, "its rows")
+        assert "welcome" in row_text(app, app.timeline.rows[0].item_id)

@@ -45,6 +45,7 @@ from gapline.history import (
     Insert,
     Interrupted,
     Invalid,
+    JoinRoom,
     MembersChanged,
     Mirror,
     MirrorError,
@@ -331,6 +332,10 @@ class GaplineApp(
                     # The answer comes after its diffs were published; our handler may
                     # not have run them yet, so compare once the queue drained.
                     self.call_later(self._paginated, command.room_id, rows_before)
+                elif isinstance(command, JoinRoom) and command.room.startswith("!"):
+                    # A room id is the room itself: show it. An alias's room is only
+                    # known once the room list has it (the answer carries no id).
+                    self.show_room(command.room)
             case RoomBusy():
                 self.notice(
                     "busy: another history operation runs in this room · c cancels it",
