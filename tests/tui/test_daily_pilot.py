@@ -112,6 +112,8 @@ def test_a_room_entry_has_initials_lock_counts_and_the_last_message() -> None:
     # The room on screen shows no count; a plain room no lock; no message, one line.
     assert str(room_prompt(summary, current=True)).startswith("OT 🔒 ops team\n")
     assert str(room_prompt(RoomSummary(ROOM, name="plain", unread=1))) == "P  plain (1)"
+    direct = RoomSummary(ROOM, name="bob", direct=True)
+    assert str(room_prompt(direct)) == "B  @bob"
     # In the pane each line is cut to its width, never wrapped.
     cut = str(room_prompt(summary, width=12))
     assert cut == "OT 🔒 ops t…\n   bob: dep…"

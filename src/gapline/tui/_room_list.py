@@ -1,7 +1,7 @@
 """The room list pane: invites, then rooms by recent activity, as they change.
 
 One entry a room: its initials standing in for an avatar, a lock when it is
-encrypted, its name, whether its history loads, unread and mention counts,
+encrypted, ``@`` before the name of a direct chat, its name, whether its history loads, unread and mention counts,
 and under it the newest message (or who invited this account). :class:`RoomList`
 is mixed into the app (``self`` is the app); the pane is an ``OptionList``
 whose option ids are room ids, repainted in place when the rooms are the same
@@ -41,7 +41,8 @@ def room_prompt(
     loading: bool = False,
     width: int | None = None,
 ) -> Text:
-    """A room's entry: ``initials [lock] name [⟳] [(unread[ @mentions])]`` over its last line.
+    """A room's entry: ``initials [lock] [@]name [⟳] [(unread[ @mentions])]`` over its last
+    line (``@``: a direct chat).
 
     With ``width`` each line is cut there with an ellipsis (the list never wraps an entry).
     """
@@ -50,6 +51,8 @@ def room_prompt(
     prompt.append(" ")
     if summary.encrypted:
         prompt.append(f"{LOCK} ")
+    if summary.direct:  # a direct chat (m.direct): the person, not a room
+        prompt.append("@", style="dim")
     prompt.append(summary.label, style="bold" if current else "")
     if loading:
         prompt.append(" ⟳", style="italic")
