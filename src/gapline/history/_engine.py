@@ -51,7 +51,7 @@ from gapline.history._backup_fetch import BackupFetcher
 from gapline.history._cache_store import CacheStore, Cipher
 from gapline.history._commits import Commits
 from gapline.history._crypto import EngineCrypto
-from gapline.history._joining import Joining
+from gapline.history._joining import Joining, MembershipCommand
 from gapline.history._operations import Operations, Room
 from gapline.history._quotes import Quotes
 from gapline.history._send_queue import SendQueue
@@ -60,17 +60,11 @@ from gapline.history._sync import Sync
 from gapline.history._threads import Threads
 from gapline.history._timeline import Timeline
 from gapline.history._types import (
-    AcceptInvite,
-    AcceptVerification,
     Answer,
     Cancel,
     CancelSend,
-    CancelVerification,
     CloseRoom,
     Command,
-    ConfirmVerification,
-    CreateRoom,
-    DeclineInvite,
     DumpState,
     EditMessage,
     EngineConfig,
@@ -81,9 +75,6 @@ from gapline.history._types import (
     HistoryRepair,
     Interrupted,
     Invalid,
-    InviteUser,
-    JoinRoom,
-    LeaveRoom,
     MarkRead,
     Member,
     MembersChanged,
@@ -99,15 +90,13 @@ from gapline.history._types import (
     RoomNotOpen,
     SendMessage,
     SendReaction,
-    SetTopic,
     SetTyping,
     ShrinkTimeline,
     Shutdown,
-    StartVerification,
     TypingChanged,
 )
 from gapline.history._upgrade import finish_upgrades
-from gapline.history._verifying import Verifying
+from gapline.history._verifying import VerifyCommand, Verifying
 from gapline.history._walks import Walks
 from gapline.matrix import MatrixClient, SyncResponse
 from gapline.storage import Backend, open_backend, open_cipher, tune_sqlite_writer
@@ -477,30 +466,21 @@ class Engine:
             case PaginateBackwards(room_id=room_id, count=count, thread_root=root):
                 room = self._open(room_id, root)
                 return RoomNotOpen() if room is None else await self._walks.paginate(room, count)
-            case SendMessage() | SendReaction() | RedactEvent() | EditMessage() | MarkRead():
-                return await self._write(command)
-            case SetTyping():
+            case (
+                SendMessage()
+                | SendReaction()
+                | RedactEvent()
+                | EditMessage()
+                | MarkRead()
+                | SetTyping()
+            ):
                 return await self._write(command)
             case RetrySend(room_id=room_id, id=row_id):
                 return await self._send_queue.retry(room_id, row_id)
             case CancelSend(room_id=room_id, id=row_id):
                 return await self._send_queue.cancel(room_id, row_id)
-            case JoinRoom(room=room):
-                return await self._joining.join(room)
-            case AcceptInvite(room_id=room_id):
-                return await self._joining.join(room_id, action="accept the invite to")
-            case LeaveRoom(room_id=room_id):
-                return await self._joining.leave(room_id)
-            case DeclineInvite(room_id=room_id):
-                return await self._joining.leave(room_id, action="decline the invite to")
-            case CreateRoom(name=name, topic=topic, invitees=invitees, encrypted=enc, direct=d):
-                return await self._joining.create(
-                    name=name, topic=topic, invitees=invitees, encrypted=enc, direct=d
-                )
-            case InviteUser(room_id=room_id, user_id=user_id):
-                return await self._joining.invite(room_id, user_id)
-            case SetTopic(room_id=room_id, topic=topic):
-                return await self._joining.set_topic(room_id, topic)
+            case _ if isinstance(command, MembershipCommand):
+                return await self._joining.execute(command)
             case OpenThread(room_id=room_id, thread_root=root):
                 room = self._open(room_id)
                 return RoomNotOpen() if room is None else await self._threads.open(room, root)
@@ -512,15 +492,12 @@ class Engine:
                 return Ok()
             case DumpState():
                 return Invalid("DumpState is answered by the bridge's mirror, not the engine")
-            case (
-                StartVerification()
-                | AcceptVerification()
-                | ConfirmVerification()
-                | (CancelVerification())
-            ):
-                verifying = self._verifying
-                off = Failed("verification needs end-to-end encryption (the engine runs without)")
-                return off if verifying is None else await verifying.execute(command)
+            case _ if isinstance(command, VerifyCommand):
+                if self._verifying is None:
+                    return Failed(
+                        "verification needs end-to-end encryption (the engine runs without)"
+                    )
+                return await self._verifying.execute(command)
         return Invalid(f"unknown command {command!r}")
 
     # -- rooms -----------------------------------------------------------------------------

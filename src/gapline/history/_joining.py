@@ -15,12 +15,26 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gapline.history._commands import (
+    AcceptInvite,
+    CreateRoom,
+    DeclineInvite,
+    InviteUser,
+    JoinRoom,
+    LeaveRoom,
+    SetTopic,
+)
 from gapline.history._failures import describe
 from gapline.history._types import Answer, Failed, Invalid, Ok, RoomCreated
 from gapline.history._walks import OFFLINE
-from gapline.matrix import Forbidden, MatrixClient, MatrixError, MatrixHTTPError, NotFound
+from gapline.matrix import Forbidden, MatrixClient, MatrixError, NotFound
 
-__all__ = ["Joining", "room_problem"]
+__all__ = ["Joining", "MembershipCommand", "room_problem"]
+
+MembershipCommand = (
+    JoinRoom | AcceptInvite | LeaveRoom | DeclineInvite | CreateRoom | InviteUser | SetTopic
+)
+"""The commands :meth:`Joining.execute` answers."""
 
 
 def room_problem(room: str, *, alias: bool) -> str | None:
@@ -48,8 +62,6 @@ def _refusal(action: str, room: str, exc: MatrixError) -> str:
             f"cannot {action} {room}: the homeserver does not allow it"
             f" (invite-only, or you are banned: {exc.error or exc})"
         )
-    if isinstance(exc, MatrixHTTPError):
-        return f"cannot {action} {room}: {describe(exc)}"
     return f"cannot {action} {room}: {describe(exc)}"
 
 
@@ -72,6 +84,26 @@ class Joining:
         self._joined = joined
         self._left = left
         self._close = close
+
+    async def execute(self, command: MembershipCommand) -> Answer:
+        """Answer one membership command (the engine hands each of them here)."""
+        match command:
+            case JoinRoom(room=room):
+                return await self.join(room)
+            case AcceptInvite(room_id=room_id):
+                return await self.join(room_id, action="accept the invite to")
+            case LeaveRoom(room_id=room_id):
+                return await self.leave(room_id)
+            case DeclineInvite(room_id=room_id):
+                return await self.leave(room_id, action="decline the invite to")
+            case CreateRoom(name=name, topic=topic, invitees=invitees, encrypted=enc, direct=d):
+                return await self.create(
+                    name=name, topic=topic, invitees=invitees, encrypted=enc, direct=d
+                )
+            case InviteUser(room_id=room_id, user_id=user_id):
+                return await self.invite(room_id, user_id)
+            case SetTopic(room_id=room_id, topic=topic):
+                return await self.set_topic(room_id, topic)
 
     async def join(self, room: str, *, action: str = "join") -> Answer:
         problem = room_problem(room, alias=True)
