@@ -13,7 +13,6 @@ Layers (sans-I/O, after matrix-nio and httpx):
 
 from . import _api as api
 from . import _api_crypto as crypto_api
-from ._api import Direction, Request
 from ._api_crypto import (
     BackupVersionResponse,
     KeyBackupData,
@@ -33,6 +32,7 @@ from ._errors import (
     RateLimited,
     UnknownToken,
 )
+from ._request import Direction, Request
 from ._responses import (
     BasicEvent,
     ClientEvent,

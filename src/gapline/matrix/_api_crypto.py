@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from ._api import CLIENT_V3, Request, _path, _q
+from ._request import CLIENT_V3, Request, _path, _q
 
 __all__ = [
     "BackupVersionCreated",

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -33,23 +33,20 @@ import httpx
 import msgspec
 
 from . import _api, _session_api
-from ._api import Direction, Request
 from ._client_backup import BackupEndpoints
 from ._client_keys import KeysEndpoints
+from ._client_rooms import RoomEndpoints
 from ._client_user import UserEndpoints
 from ._errors import MatrixError, MatrixProtocolError, MatrixUnavailable, RateLimited
+from ._request import Direction, Request
 from ._responses import (
     ClientEvent,
     ContextResponse,
-    CreateRoomResponse,
     EmptyResponse,
-    JoinedMembersResponse,
-    JoinResponse,
     LoginResponse,
     MessagesResponse,
     RegisterResponse,
     RelationsResponse,
-    RoomMember,
     SendResponse,
     SyncResponse,
     WhoAmIResponse,
@@ -155,7 +152,7 @@ def _never_sent(exc: MatrixUnavailable) -> bool:
     return isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
 
 
-class MatrixClient(KeysEndpoints, BackupEndpoints, UserEndpoints):
+class MatrixClient(KeysEndpoints, BackupEndpoints, UserEndpoints, RoomEndpoints):
     """Async Matrix client-server access over ``httpx.AsyncClient``.
 
     The end-to-end key endpoints (``keys_upload``, ``keys_query``, ``keys_claim``,
@@ -565,52 +562,3 @@ class MatrixClient(KeysEndpoints, BackupEndpoints, UserEndpoints):
             _api.put_state(room_id, event_type, content, state_key), SendResponse
         )
         return answer.event_id
-
-    # -- rooms -----------------------------------------------------------------------------
-
-    async def create_room(
-        self,
-        *,
-        name: str | None = None,
-        topic: str | None = None,
-        preset: str | None = None,
-        visibility: str | None = None,
-        invite: Iterable[str] = (),
-        is_direct: bool | None = None,
-        room_version: str | None = None,
-        initial_state: Iterable[Mapping[str, Any]] = (),
-        extra: Mapping[str, Any] | None = None,
-    ) -> str:
-        """Create a room; returns its ID."""
-        answer = await self.request(
-            _api.create_room(
-                name=name,
-                topic=topic,
-                preset=preset,
-                visibility=visibility,
-                invite=invite,
-                is_direct=is_direct,
-                room_version=room_version,
-                initial_state=initial_state,
-                extra=extra,
-            ),
-            CreateRoomResponse,
-        )
-        return answer.room_id
-
-    async def join(self, room_id_or_alias: str, *, via: Iterable[str] = ()) -> str:
-        answer = await self.request(_api.join(room_id_or_alias, via=via), JoinResponse)
-        return answer.room_id
-
-    async def leave(self, room_id: str, *, reason: str | None = None) -> None:
-        await self.request(_api.leave(room_id, reason=reason), EmptyResponse)
-
-    async def invite(self, room_id: str, user_id: str, *, reason: str | None = None) -> None:
-        await self.request(_api.invite(room_id, user_id, reason=reason), EmptyResponse)
-
-    async def kick(self, room_id: str, user_id: str, *, reason: str | None = None) -> None:
-        await self.request(_api.kick(room_id, user_id, reason=reason), EmptyResponse)
-
-    async def joined_members(self, room_id: str) -> dict[str, RoomMember]:
-        answer = await self.request(_api.joined_members(room_id), JoinedMembersResponse)
-        return answer.joined

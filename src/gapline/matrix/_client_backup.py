@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any, Protocol, TypeVar
 
 from . import _api_crypto as api
-from ._api import Request
 from ._api_crypto import (
     BackupVersionCreated,
     BackupVersionResponse,
@@ -20,6 +19,7 @@ from ._api_crypto import (
     SignaturesUploadResponse,
 )
 from ._errors import NotFound
+from ._request import Request
 from ._responses import EmptyResponse
 
 __all__ = ["BackupEndpoints"]

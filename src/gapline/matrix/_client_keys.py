@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from . import _api
-from ._api import Request
+from ._request import Request
 from ._responses import (
     EmptyResponse,
     KeysChangesResponse,

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol, TypeVar
 
 from . import _api
-from ._api import Request
 from ._errors import MatrixError
+from ._request import Request
 from ._responses import EmptyResponse, UploadResponse
 
 __all__ = ["UserEndpoints"]

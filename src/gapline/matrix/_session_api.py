@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ._api import CLIENT_V3, Request, _path
+from ._request import CLIENT_V3, Request, _path
 
 __all__ = [
     "PASSWORD_LOGIN",
