@@ -55,6 +55,7 @@ __all__ = [
     "check_password_login",
     "configure",
     "keep",
+    "keep_resumed",
     "login",
     "login_failure",
     "on_store",
@@ -237,6 +238,12 @@ async def keep(cache: CacheStore, account: Account, session: Session) -> None:
         ) from None
     record = DeviceRecord(session.user_id, session.device_id, session.homeserver, session=True)
     await asyncio.to_thread(write_record, account.directory, record)
+
+
+async def keep_resumed(engine: Engine, session: Session) -> None:
+    """Seal ``session`` (the same device, logged in again after its token expired) in the
+    store the running engine holds open, so the next start resumes it."""
+    await save_session(engine.store.backend, engine.store.cipher, session)
 
 
 # -- gapline login ---------------------------------------------------------------------------

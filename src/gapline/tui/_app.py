@@ -27,7 +27,6 @@ from textual import on
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.events import Resize
-from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Input, Label, OptionList, ProgressBar, Static
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
@@ -85,6 +84,7 @@ from gapline.tui._links import RowLinks
 from gapline.tui._panels import Panels
 from gapline.tui._room_list import RoomList
 from gapline.tui._search import TimelineSearch
+from gapline.tui._session_prompt import SessionPrompt
 from gapline.tui._status import StatusLines
 from gapline.tui._switching import RoomSwitching
 from gapline.tui._text import FillProgress
@@ -103,10 +103,6 @@ def _inserted_events(diffs: tuple[VectorDiff, ...]) -> int:
     )
 
 
-class ReachabilityChanged(Message):
-    """The homeserver stopped or started answering."""
-
-
 class GaplineApp(
     RowActions,
     RowLinks,
@@ -115,6 +111,7 @@ class GaplineApp(
     TimelineSearch,
     Panels,
     StatusLines,
+    SessionPrompt,
     Verification,
     App[int],
 ):
@@ -253,15 +250,6 @@ class GaplineApp(
 
     def _directory_changed(self) -> None:
         self.post_message(RoomsChanged())
-
-    def _reachability_changed(self) -> None:
-        self.post_message(ReachabilityChanged())
-
-    def on_reachability_changed(self, _message: ReachabilityChanged) -> None:
-        problem = self.reachability.problem
-        if problem is not None:
-            self.notice(f"the homeserver does not answer: {problem}", severity="warning")
-        self._refresh_status()
 
     def action_help(self) -> None:
         """Every key, as the config file bound them; Esc closes."""

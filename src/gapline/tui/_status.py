@@ -46,9 +46,14 @@ class StatusLines:
         status = self.query_one("#status", Static)
         parts = []
         problem = self.reachability.problem
-        if problem is not None:
+        signed_out = self.reachability.signed_out
+        if signed_out is not None:
+            parts.append(f"⚠ signed out: {signed_out}")
+        elif self.reachability.password_wanted is not None:
+            parts.append("⚠ session expired: waiting for the password")
+        elif problem is not None:
             parts.append("⚠ homeserver unreachable, retrying")
-        status.set_class(problem is not None, "-offline")
+        status.set_class(problem is not None or signed_out is not None, "-offline")
         # The queue before the history's state: offline, what waits to go matters most.
         queue = self.mirror.send_queue
         queued = queue_label(queue.pending, queue.failed)

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import sys
-from collections.abc import AsyncGenerator, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,16 @@ from gapline.clikit import (
 )
 from gapline.history import Engine, EngineConfig, EventSink
 from gapline.history.cli import add_engine_tuning, add_store_flags, engine_config, recover
-from gapline.history.cli_session import Target, on_store, sign_in, target
+from gapline.history.cli_session import Target, keep_resumed, on_store, sign_in, target
 from gapline.history.rooms import RoomDirectory
-from gapline.matrix import MatrixClient, MatrixError, MatrixUnavailable, Session, SyncResponse
+from gapline.matrix import (
+    MatrixClient,
+    MatrixError,
+    MatrixUnavailable,
+    Session,
+    SyncResponse,
+    UnknownToken,
+)
 from gapline.tui._app import Connect, EngineHandle, GaplineApp
 from gapline.tui._config import ConfigError, TuiConfig, load_config
 from gapline.tui._connection import Reachability
@@ -77,7 +85,10 @@ class _ObservedClient(MatrixClient):
     """A MatrixClient whose every sync answer also reaches the room directory.
 
     The engine owns the sync loop; the room list rides along on its answers
-    instead of polling the server a second time.
+    instead of polling the server a second time. A sync the homeserver refuses
+    for the token goes to :attr:`token_refused` first: after a soft logout it
+    returns once the same device is logged in again, and the sync is retried, so
+    the engine's loop never sees the expiry.
     """
 
     def __init__(
@@ -90,19 +101,68 @@ class _ObservedClient(MatrixClient):
         super().__init__(*args, **kwargs)
         self._directory = directory
         self._reachability = reachability
+        self.token_refused: Callable[[UnknownToken], Awaitable[None]] | None = None
 
     async def sync(self, **kwargs: Any) -> SyncResponse:
-        try:
-            response = await super().sync(**kwargs)
-        except MatrixUnavailable as exc:
-            # The engine retries; the status line says why nothing arrives meanwhile.
+        while True:
+            try:
+                response = await super().sync(**kwargs)
+            except MatrixUnavailable as exc:
+                # The engine retries; the status line says why nothing arrives meanwhile.
+                if self._reachability is not None:
+                    self._reachability.unreachable(str(exc))
+                raise
+            except UnknownToken as exc:
+                if self.token_refused is None:
+                    raise
+                await self.token_refused(exc)  # raises when the session cannot resume
+                continue
             if self._reachability is not None:
-                self._reachability.unreachable(str(exc))
-            raise
-        if self._reachability is not None:
-            self._reachability.answered()
-        self._directory.observe(response)
-        return response
+                self._reachability.answered()
+            self._directory.observe(response)
+            return response
+
+
+async def _resume(
+    client: MatrixClient,
+    engine: Engine,
+    reachability: Reachability,
+    login_hint: str,
+    refused: UnknownToken,
+) -> None:
+    """Resume a softly logged-out session with its password, or end it (raising ``refused``).
+
+    Only the same device may resume: a new one would not hold this store's keys, so a
+    revoked session, a declined prompt or a server that hands out another device all end
+    the session, and the status line says how to log in again.
+    """
+    user, device = client.user_id, client.device_id
+    if not refused.soft_logout or user is None or device is None:
+        reachability.ended(f"the homeserver ended this session; log in again with {login_hint}")
+        raise refused
+    problem: str | None = None
+    while True:
+        password = await reachability.ask_password(user, device, problem)
+        if password is None:
+            reachability.ended(f"the session expired; log in again with {login_hint}")
+            raise refused
+        try:
+            session = await client.login(user, password, device_id=device)
+        except MatrixUnavailable as exc:
+            problem = f"cannot reach the homeserver: {exc}"
+            continue
+        except MatrixError as exc:
+            problem = f"the homeserver refused the login: {exc}"
+            continue
+        if session.device_id != device:
+            reachability.ended(
+                f"the homeserver gave a new device ({session.device_id}) instead of {device}; "
+                f"log in again with {login_hint}"
+            )
+            raise refused
+        await keep_resumed(engine, session)
+        log.info("the session of %s resumed on device %s", user, device)
+        return
 
 
 def engine_connect(
@@ -114,12 +174,15 @@ def engine_connect(
     config: EngineConfig,
     directory: RoomDirectory,
     reachability: Reachability | None = None,
+    login_hint: str = "`gapline login`",
     kdf_cost: Any = None,
     sync: bool = True,
     **client_kwargs: Any,
 ) -> Connect:
     """The app's ``connect``: a client for ``session`` and the engine over ``store``.
 
+    With ``reachability``, an expired session asks the app for its password and resumes
+    (``login_hint`` is the command the status line names when it cannot).
     ``client_kwargs`` go to the ``MatrixClient`` (``trust_env=False`` for a
     loopback server, a ``transport`` in tests).
     """
@@ -147,6 +210,10 @@ def engine_connect(
                 sync=sync,
                 e2ee=True,
             ) as engine:
+                if reachability is not None:
+                    client.token_refused = functools.partial(
+                        _resume, client, engine, reachability, login_hint
+                    )
                 yield engine
 
     return connect
@@ -253,6 +320,7 @@ async def _main(
             config=config,
             directory=directory,
             reachability=reachability,
+            login_hint=f"`gapline login --store {chosen.store} --user {chosen.account.user_id}`",
         ),
         rooms=directory,
         room_id=args.room,
