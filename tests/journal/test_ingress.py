@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any
@@ -220,11 +221,37 @@ async def test_a_first_sync_retires_reports_owed_by_a_lost_position(backend: Bac
 async def test_runtime_state_is_per_principal(backend: Backend) -> None:
     a = await RuntimeState.open(backend, "@a:x")
     b = await RuntimeState.open(backend, "@b:x")
-    await a.save_device_id("DEVA")
+    assert await a.claim_device_id("DEVA") == "DEVA"
     await a.save_sync_token("s1")
     await a.save_sync_token("s2")
     assert (await a.device_id(), await a.sync_token()) == ("DEVA", "s2")
     assert (await b.device_id(), await b.sync_token()) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "dialect", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_racing_first_starts_claim_one_device_id(
+    dialect: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Two first starts (two backends on one database, as two processes would hold) that
+    both found no device id agree on the first one stored."""
+    dsn = request.getfixturevalue("postgres_dsn") if dialect == "postgres" else str(tmp_path / "r")
+    one, two = await open_backend(dsn), await open_backend(dsn)
+    try:
+        first = await RuntimeState.open(one, "@a:x")
+        second = await RuntimeState.open(two, "@a:x")
+        assert (await first.device_id(), await second.device_id()) == (None, None)
+        claimed = await asyncio.gather(
+            first.claim_device_id("DEV1"), second.claim_device_id("DEV2")
+        )
+        assert claimed[0] == claimed[1]
+        assert claimed[0] in {"DEV1", "DEV2"}
+        assert await second.device_id() == claimed[0]
+        assert await first.claim_device_id("DEV3") == claimed[0]  # a later start keeps it
+    finally:
+        await one.close()
+        await two.close()
 
 
 # -- contract 11: our own member events in the state block ---------------------------------

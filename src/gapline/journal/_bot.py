@@ -116,8 +116,7 @@ class Bot:
         if device_id is None:
             # Chosen and persisted before the first login, so a crash right after
             # it cannot leave sends on a device the next run does not reuse.
-            device_id = new_device_id()
-            await state.save_device_id(device_id)
+            device_id = await state.claim_device_id(new_device_id())
         async with MatrixClient(self.config.homeserver, transport=self.transport) as client:
             crypto = None
             if self.config.passphrase is None:

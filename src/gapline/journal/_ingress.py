@@ -166,8 +166,30 @@ class RuntimeState:
     async def device_id(self) -> str | None:
         return await self.get("device_id")
 
-    async def save_device_id(self, device_id: str) -> None:
-        await self.put("device_id", device_id)
+    async def claim_device_id(self, candidate: str) -> str:
+        """The principal's device id: the one stored, else ``candidate``, stored now.
+
+        The first writer wins (an insert that leaves an existing row alone, then a
+        read in the same transaction), so two bots racing through their first start
+        both come out with the same device rather than the loser's id overwriting
+        the winner's after the winner logged in with it.
+        """
+
+        def claim(tx: Tx) -> str:
+            tx.execute(
+                "INSERT INTO journal_runtime_state (principal_id, key, value) "
+                "VALUES (?, 'device_id', ?) ON CONFLICT (principal_id, key) DO NOTHING",
+                (self._principal, candidate),
+            )
+            row = tx.one(
+                "SELECT value FROM journal_runtime_state WHERE principal_id = ? "
+                "AND key = 'device_id'",
+                (self._principal,),
+            )
+            assert row is not None  # inserted above, or there before
+            return str(row[0])
+
+        return await self._backend.write(claim)
 
 
 # -- the loop ----------------------------------------------------------------------------
