@@ -11,7 +11,7 @@ import pytest
 
 from gapline.e2ee import export_room_keys, import_room_keys, save_changes
 from gapline.history import EventItem, OpenRoom, ReplyStatus, Set, TimelineChanged, _heal_pass
-from gapline.history._healing import retained_rows_sql
+from gapline.history._cache_store import rows_by_event_sql
 from tests.history.e2ee_support import ROOM, scene
 
 
@@ -160,7 +160,7 @@ async def test_a_heal_reads_its_rows_through_the_event_index_on_sqlite(tmp_path)
         def read(tx):
             room = store.find_room(tx, ROOM)
             assert room is not None
-            sql = retained_rows_sql(tx.dialect, len(wanted))
+            sql = rows_by_event_sql(tx.dialect, len(wanted))
             plan = " ".join(str(row[-1]) for row in tx.all("EXPLAIN QUERY PLAN " + sql,
                                                             (room.rid, *wanted)))  # fmt: skip
             return plan, [bytes(row[2]) for row in tx.all(sql, (room.rid, *wanted))]

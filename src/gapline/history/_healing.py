@@ -26,12 +26,12 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gapline.history._cache_store import CacheStore, split_timeline_key
+from gapline.history._cache_store import CacheStore, rows_by_event_sql, split_timeline_key
 from gapline.history._decryption import MARK, awaits_key
 from gapline.history._sections import Sections
 from gapline.history._updates import Key, Room, StoredEvent, Update
 from gapline.matrix import ClientEvent
-from gapline.storage import Dialect, Migration, Tx
+from gapline.storage import Migration, Tx
 
 __all__ = [
     "UTD_MIGRATIONS",
@@ -45,7 +45,6 @@ __all__ = [
     "index_unmarked",
     "pending_heal",
     "retained_chunk",
-    "retained_rows_sql",
     "undecrypted_sessions",
 ]
 
@@ -186,23 +185,6 @@ def pending_heal(
     return PendingHeal(room, rows, detached, gone)
 
 
-def retained_rows_sql(dialect: Dialect, count: int) -> str:
-    """The statement reading ``count`` retained rows of a room by their event hashes.
-
-    SQLite, with no statistics, answers a long ``IN (...)`` list of hashes by scanning
-    the room's whole key range (the primary key's ``room = ?`` prefix) and testing each
-    row against the list, so every chunk of a heal cost as much as the room (400 rows
-    of a room retaining 30,000 events: 89 ms, against 3 ms through the index); named,
-    the index finds each row. PostgreSQL's planner has statistics, and no such clause.
-    """
-    by_id = " INDEXED BY history_event_by_id" if dialect is Dialect.SQLITE else ""
-    marks = ",".join("?" * count)
-    return (
-        f"SELECT ord, pos, event, body FROM history_event{by_id}"
-        f" WHERE room = ? AND event IN ({marks})"
-    )
-
-
 def retained_chunk(
     store: CacheStore, tx: Tx, room: Room, rows: Sequence[tuple[int, int, bytes, bytes]]
 ) -> tuple[list[tuple[StoredEvent, bytes, bytes]], list[tuple[bytes, bytes]]]:
@@ -215,7 +197,7 @@ def retained_chunk(
     for start in range(0, len(keys), _IN_LIST):
         part = keys[start : start + _IN_LIST]
         for ord_, pos, event, body in tx.all(
-            retained_rows_sql(tx.dialect, len(part)),
+            rows_by_event_sql(tx.dialect, len(part)),
             (room.rid, *part),
         ):
             event = bytes(event)
