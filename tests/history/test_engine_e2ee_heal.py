@@ -11,6 +11,7 @@ import pytest
 
 from gapline.e2ee import export_room_keys, import_room_keys, save_changes
 from gapline.history import EventItem, OpenRoom, ReplyStatus, Set, TimelineChanged, _heal_pass
+from gapline.history._cache_store import rows_by_event_sql
 from tests.history.e2ee_support import ROOM, scene
 
 
@@ -141,3 +142,29 @@ async def test_a_heal_interrupted_between_chunks_is_finished_at_the_next_start(
         await s.engine.flush_history(ROOM)
         rows = _events(s.rows())
         assert [rows[e.event_id].body for e in events] == [f"message {i}" for i in range(10)]
+
+
+async def test_a_heal_reads_its_rows_through_the_event_index_on_sqlite(tmp_path) -> None:
+    """The heal's read of a chunk of rows by their event hashes goes through the
+    ``(room, event)`` index: SQLite's plan for a long ``IN`` list otherwise scans the
+    whole room for every chunk. Read back, the rows are the ones asked for."""
+    async with scene(tmp_path) as s:
+        await s.join_encrypted_room()
+        s.server.hold_to_device = True
+        events = [s.encrypted(f"message {i}") for i in range(5)]
+        await s.sync(*events)
+        store = s.engine.store
+        asked = [store.event_key(e.event_id) for e in events[1:4]]
+        wanted = [*asked, *(bytes(16) for _ in range(400 - len(asked)))]
+
+        def read(tx):
+            room = store.find_room(tx, ROOM)
+            assert room is not None
+            sql = rows_by_event_sql(tx.dialect, len(wanted))
+            plan = " ".join(str(row[-1]) for row in tx.all("EXPLAIN QUERY PLAN " + sql,
+                                                            (room.rid, *wanted)))  # fmt: skip
+            return plan, [bytes(row[2]) for row in tx.all(sql, (room.rid, *wanted))]
+
+        plan, found = await store.backend.read(read)
+        assert "USING INDEX history_event_by_id" in plan
+        assert sorted(found) == sorted(asked)

@@ -69,7 +69,7 @@ from gapline.history._updates import (
     Update,
 )
 from gapline.matrix import ClientEvent
-from gapline.storage import Backend, CorruptStore, Tx
+from gapline.storage import Backend, CorruptStore, Dialect, Tx
 
 __all__ = [
     "HISTORY_MIGRATIONS",
@@ -77,6 +77,7 @@ __all__ = [
     "Cipher",
     "RowMeta",
     "Window",
+    "rows_by_event_sql",
     "split_timeline_key",
     "thread_key",
 ]
@@ -99,6 +100,24 @@ class RowMeta(msgspec.Struct, frozen=True, array_like=True):
 
 
 _CHUNK = 400  # IN (...) lists stay under every driver's parameter limit
+
+
+def rows_by_event_sql(dialect: Dialect, count: int) -> str:
+    """The statement reading ``count`` retained rows (with their bodies) of a room by
+    their event hashes.
+
+    SQLite, with no statistics, answers an ``IN (...)`` list of two hashes or more by scanning
+    the room's whole key range (the primary key's ``room = ?`` prefix) and testing each
+    row against the list, so every such read cost as much as the room (400 rows
+    of a room retaining 30,000 events: 89 ms, against 3 ms through the index); named,
+    the index finds each row. PostgreSQL's planner has statistics, and no such clause.
+    """
+    by_id = " INDEXED BY history_event_by_id" if dialect is Dialect.SQLITE else ""
+    marks = ",".join("?" * count)
+    return (
+        f"SELECT ord, pos, event, body FROM history_event{by_id}"
+        f" WHERE room = ? AND event IN ({marks})"
+    )
 
 
 class CacheStore(CacheReads):
@@ -238,11 +257,8 @@ class CacheStore(CacheReads):
         for start in range(0, len(unique), _CHUNK):
             ids = unique[start : start + _CHUNK]
             chunk = [known[i] for i in ids] if known is not None else self.event_keys(ids)
-            marks = ",".join("?" * len(chunk))
             for o, p, ek, body in tx.all(
-                f"SELECT ord, pos, event, body FROM history_event WHERE room = ?"
-                f" AND event IN ({marks})",
-                (room.rid, *chunk),
+                rows_by_event_sql(tx.dialect, len(chunk)), (room.rid, *chunk)
             ):
                 event, name = self.open_body(room.key + bytes(ek), body)
                 found[event.event_id] = StoredEvent(int(o), int(p), event, name)

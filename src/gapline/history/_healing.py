@@ -26,7 +26,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gapline.history._cache_store import CacheStore, split_timeline_key
+from gapline.history._cache_store import CacheStore, rows_by_event_sql, split_timeline_key
 from gapline.history._decryption import MARK, awaits_key
 from gapline.history._sections import Sections
 from gapline.history._updates import Key, Room, StoredEvent, Update
@@ -51,6 +51,7 @@ __all__ = [
 log = logging.getLogger("gapline.history")
 
 SCAN_CHUNK = 2000
+_IN_LIST = 400  # ids per IN (...) list: under every driver's parameter limit
 
 UTD_SCHEMA = "history_e2ee"
 
@@ -192,15 +193,19 @@ def retained_chunk(
     (decrypted since, or gone)."""
     by_key = {event: skey for _, _, event, skey in rows}
     found: list[tuple[StoredEvent, bytes, bytes]] = []
-    marks = ",".join("?" * len(by_key))
-    for ord_, pos, event, body in tx.all(
-        f"SELECT ord, pos, event, body FROM history_event WHERE room = ? AND event IN ({marks})",
-        (room.rid, *by_key),
-    ):
-        event = bytes(event)
-        stored, name = store.open_body(room.key + event, body)
-        if awaits_key(stored):
-            found.append((StoredEvent(int(ord_), int(pos), stored, name), event, by_key.pop(event)))
+    keys = list(by_key)
+    for start in range(0, len(keys), _IN_LIST):
+        part = keys[start : start + _IN_LIST]
+        for ord_, pos, event, body in tx.all(
+            rows_by_event_sql(tx.dialect, len(part)),
+            (room.rid, *part),
+        ):
+            event = bytes(event)
+            stored, name = store.open_body(room.key + event, body)
+            if awaits_key(stored):
+                found.append(
+                    (StoredEvent(int(ord_), int(pos), stored, name), event, by_key.pop(event))
+                )
     found.sort(key=lambda f: f[0].key)
     return found, list(by_key.items())
 
