@@ -232,6 +232,29 @@ class TimelineContract:
                 "bad_request",
             )
 
+    async def test_an_account_unknown_at_one_send_is_served_once_it_publishes(
+        self, relay_dsn: str
+    ) -> None:
+        # The relay remembers that it holds no state for an account (single writer): the
+        # account's first publish must end that at once.
+        async with start_relay(relay_dsn) as r:
+            alice, bob = make_account(), make_account()
+            await r.publish(alice)
+            ta = await r.login(alice)
+            first = make_send_params(alice, bob, created_at=r.clock(), sender_boxes=False)
+            assert await r.error("message.send", first.to_wire(), token=ta) == (
+                400,
+                "device_unknown",
+            )
+            await r.publish(bob, public=False)
+            # Now held here: receiving rule 4 applies (no grant, no public discovery).
+            second = make_send_params(alice, bob, created_at=r.clock(), sender_boxes=False)
+            assert (await r.error("message.send", second.to_wire(), token=ta))[1] == "forbidden"
+            await r.publish_profile(bob, public_discovery=True)
+            await _send(r, ta, alice, bob, sender_boxes=False)
+            page = await _sync(r, await r.login(bob))
+            assert len(page["items"]) == 1
+
     async def test_sender_boxes_all_unavailable_is_device_unknown(self, relay_dsn: str) -> None:
         async with start_relay(relay_dsn) as r:
             alice, bob, ta, tb = await _pair(r)

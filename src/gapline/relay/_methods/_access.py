@@ -7,7 +7,9 @@ the current ones: a device removed or public discovery switched off counts at on
 
 Where this process is the database's only writer (SQLite), every change to a state or a
 profile is made by this relay's own methods, which call ``forget``; the inputs are then
-kept in memory until that happens (a read per send halved the send rate). Where several
+kept in memory until that happens (a read per send halved the send rate), and so is the
+absence of any state (a relay sending to accounts homed elsewhere asks for each send's
+recipient). Where several
 processes share the database (PostgreSQL), each decision re-reads the account's row, and
 a state or profile is parsed only once per revision: the read sends its text only when
 the revision differs from the parsed one held here.
@@ -51,6 +53,7 @@ class AccessReader:
     def __init__(self, core: RelayCore) -> None:
         self.core = core
         self._parsed: dict[str, _Parsed] = {}
+        self._absent: set[str] = set()  # accounts with no device state here (kept only)
         self._kept = core.store.single_writer
         # Changes so far (``forget``), so a read that raced one is not kept.
         self._changes = 0
@@ -58,13 +61,17 @@ class AccessReader:
     def forget(self, account: str) -> None:
         """The account's state or profile changed (called after the commit)."""
         self._parsed.pop(account, None)
+        self._absent.discard(account)
         self._changes += 1
 
     async def of(self, account: str) -> Access | None:
         """The account's current inputs; None when this relay holds no device state for it."""
         held = self._parsed.get(account)
-        if self._kept and held is not None:
-            return Access(held.state, held.devices, held.profile)
+        if self._kept:
+            if held is not None:
+                return Access(held.state, held.devices, held.profile)
+            if account in self._absent:
+                return None
         changes = self._changes
         row = await self.core.store.profiles.access(
             account,
@@ -72,6 +79,10 @@ class AccessReader:
             profile_revision=-1 if held is None else held.profile_revision,
         )
         if row is None:
+            if self._kept and self._changes == changes:
+                if len(self._absent) > _CACHE_LIMIT:
+                    self._absent.clear()
+                self._absent.add(account)
             return None
         if held is not None and row.state is None:
             state, devices = held.state, held.devices
