@@ -79,11 +79,13 @@ async def drive(
                     effect = flow.send(page)
                 else:
                     assert isinstance(effect, Commit)
+                    # Owned here: awaited on every path, through the shield and,
+                    # when this task is cancelled meanwhile, once more below. Started
+                    # before the prefetch, so the page reaches the store's thread
+                    # before the next request's work takes the event loop.
+                    committing = asyncio.create_task(commit(state, effect))
                     if effect.prefetch is not None:
                         ahead = (effect.prefetch, asyncio.create_task(fetch(effect.prefetch)))
-                    # Owned here: awaited on every path, through the shield and,
-                    # when this task is cancelled meanwhile, once more below.
-                    committing = asyncio.create_task(commit(state, effect))
                     try:
                         result = await asyncio.shield(committing)
                     except asyncio.CancelledError:

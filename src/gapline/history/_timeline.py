@@ -83,6 +83,13 @@ _GAP_POS = -(2**62)
 RowKey = tuple[int, int, int]
 
 
+def _with_receipts(item: EventItem, by_event: dict[str, tuple[str, ...]]) -> EventItem:
+    """``item`` carrying the receipts on its event: the item itself when they are the same
+    (most rows: copying a row is most of what placing it costs)."""
+    receipts = by_event.get(item.event_id, ())
+    return item if item.receipts == receipts else replace(item, receipts=receipts)
+
+
 class Timeline:
     """One open room's (or thread's) rows, oldest first, and its queue of updates.
 
@@ -114,6 +121,7 @@ class Timeline:
         self.complete_below = True  # the window holds the room's oldest retained event
         self.generation = 0  # moves on every reload: a read begun before it is stale
         self._receipts: dict[str, str] = {}  # user -> event id
+        self._by_event: dict[str, tuple[str, ...]] | None = None  # _receipts by event, cached
         self._fully_read: str | None = None
         self._event_keys: dict[str, RowKey] = {}
         self._quoting: dict[str, set[RowKey]] = {}  # quoted event id -> rows quoting it
@@ -170,6 +178,7 @@ class Timeline:
 
     def _fill(self, window: Window, limit: int) -> None:
         self._receipts = dict(window.receipts)
+        self._by_event = None
         self._fully_read = window.fully_read
         self._keys.clear()
         self._items.clear()
@@ -213,7 +222,7 @@ class Timeline:
         for stored, item in zip(window.events, items, strict=True):
             key = (stored.ord, stored.pos, 1)
             self._track(key, item)
-            rows.append((key, replace(item, receipts=by_event.get(stored.event_id, ()))))
+            rows.append((key, _with_receipts(item, by_event)))
             if stored.event_id == self._fully_read:
                 rows.append(((stored.ord, stored.pos, 2), ReadMarkerItem()))
         for gap in window.gaps:
@@ -241,10 +250,13 @@ class Timeline:
             self._echo_events[echo.item.event_id] = echo.txn_id
 
     def _readers(self) -> dict[str, tuple[str, ...]]:
-        by_event: dict[str, list[str]] = {}
-        for user, event_id in self._receipts.items():
-            by_event.setdefault(event_id, []).append(user)
-        return {e: tuple(sorted(users)) for e, users in by_event.items()}
+        """The users whose receipt sits on each event (built once per change of receipts)."""
+        if self._by_event is None:
+            by_event: dict[str, list[str]] = {}
+            for user, event_id in self._receipts.items():
+                by_event.setdefault(event_id, []).append(user)
+            self._by_event = {e: tuple(sorted(users)) for e, users in by_event.items()}
+        return self._by_event
 
     def _track(self, key: RowKey, item: EventItem) -> None:
         self._event_keys[item.event_id] = key
@@ -445,7 +457,7 @@ class Timeline:
                             out.append(Append(tuple(appended)))
                             appended = []
                         shown_here = flags[i] and self._visible(key[:2]) and not self._contains(key)
-                        placed_item = replace(item, receipts=by_event.get(item.event_id, ()))
+                        placed_item = _with_receipts(item, by_event)
                         out.extend(self._settle_echo(txn, key if shown_here else None, placed_item))
                         if shown_here:
                             self._track(key, item)
@@ -461,7 +473,7 @@ class Timeline:
                     if not self._visible(key[:2]) or self._contains(key):
                         continue
                     self._track(key, item)
-                    placed = [(key, replace(item, receipts=by_event.get(item.event_id, ())))]
+                    placed = [(key, _with_receipts(item, by_event))]
                     if item.event_id == self._fully_read:
                         placed.append(((ord_, pos + i, 2), ReadMarkerItem()))
                     for row_key, row in placed:
@@ -610,12 +622,13 @@ class Timeline:
             if event_id is not None and receipts.get(user) != self._receipts.get(user)
         }
         self._receipts = receipts
+        self._by_event = None
         by_event = self._readers()
         for event_id in sorted(touched):
             key = self._event_keys.get(event_id)
             item = None if key is None else self._item_at(key)
             if key is not None and isinstance(item, EventItem):
-                diff = self._set(key, replace(item, receipts=by_event.get(event_id, ())))
+                diff = self._set(key, _with_receipts(item, by_event))
                 if diff is not None:
                     out.append(diff)
         if fully_read is not None and fully_read != self._fully_read:
