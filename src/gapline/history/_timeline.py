@@ -23,12 +23,8 @@ twice), because a read of older rows may see a commit whose updates are
 still queued.
 
 Local echoes (messages in the send queue) sit after every event at
-``(ECHO_ORD, seq, 1)``. When the sync brings the server's event for one (by
-our transaction id, or by the event id the server answered), the event takes
-the echo's place under the echo's row id: a ``Set`` diff when it lands where
-the echo was, else the echo's ``Remove`` and the event's ``Insert`` (the
-server ordered another event between). The row keeps the echo's id for as
-long as this timeline lives, reloads included.
+``(ECHO_ORD, seq, 1)`` (``_timeline_echoes``); receipts are in
+``_timeline_receipts``, the rows quoting each event in ``_timeline_quotes``.
 """
 
 from __future__ import annotations
@@ -40,10 +36,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from gapline.history._cache_store import Window
-from gapline.history._echoes import ECHO_ORD, ECHO_PREFIX
-from gapline.history._items import EventItem, InReplyTo, Member, ReplyStatus
+from gapline.history._echoes import ECHO_ORD
+from gapline.history._items import EventItem, InReplyTo, Member
 from gapline.history._render import preview_of, render, reply_preview
-from gapline.history._timeline_parts import bare_rows, better_quote, event_of, gap_item
+from gapline.history._timeline_echoes import EchoRows
+from gapline.history._timeline_parts import RowKey, bare_rows, better_quote, event_of, gap_item
+from gapline.history._timeline_quotes import QuotingRows
+from gapline.history._timeline_receipts import RowReceipts, with_receipts
 from gapline.history._types import (
     Append,
     Event,
@@ -75,19 +74,10 @@ from gapline.history._updates import (
     RowChanged,
     Update,
 )
-from gapline.matrix import ClientEvent
 
 __all__ = ["Timeline", "gap_item"]
 
 _GAP_POS = -(2**62)
-RowKey = tuple[int, int, int]
-
-
-def _with_receipts(item: EventItem, by_event: dict[str, tuple[str, ...]]) -> EventItem:
-    """``item`` carrying the receipts on its event: the item itself when they are the same
-    (most rows: copying a row is most of what placing it costs)."""
-    receipts = by_event.get(item.event_id, ())
-    return item if item.receipts == receipts else replace(item, receipts=receipts)
 
 
 class Timeline:
@@ -120,20 +110,15 @@ class Timeline:
         self._high: Key | None = None  # newest loaded row when detached from the live end
         self.complete_below = True  # the window holds the room's oldest retained event
         self.generation = 0  # moves on every reload: a read begun before it is stale
-        self._receipts: dict[str, str] = {}  # user -> event id
-        self._by_event: dict[str, tuple[str, ...]] | None = None  # _receipts by event, cached
-        self._fully_read: str | None = None
+        self._receipts = RowReceipts()
         self._event_keys: dict[str, RowKey] = {}
-        self._quoting: dict[str, set[RowKey]] = {}  # quoted event id -> rows quoting it
+        self._quoting = QuotingRows()
         # Recent events that are not rows (reactions, edits...): a gap opened behind one
         # of them still has its older side loaded. Bounded: only the newest matter.
         self._hidden: deque[str] = deque(maxlen=64)
         self.closed = False
         self._ready = False  # until the reset is built, queued updates wait
-        self._echoes: dict[str, RowKey] = {}  # txn id -> echo row key
-        self._echo_events: dict[str, str] = {}  # acknowledged event id -> txn id
-        self._settled: set[str] = set()  # txn ids whose echo became (or left for) an event
-        self._aliases: dict[str, str] = {}  # event id -> the echo row id it took over
+        self._echoes = EchoRows()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -155,18 +140,7 @@ class Timeline:
 
     def pending_quotes(self) -> set[str]:
         """Event ids quoted by loaded rows that the cache does not hold yet."""
-        out = set()
-        for target, keys in self._quoting.items():
-            for key in keys:
-                item = self._item_at(key)
-                if (
-                    isinstance(item, EventItem)
-                    and item.in_reply_to is not None
-                    and item.in_reply_to.status is ReplyStatus.Pending
-                ):
-                    out.add(target)
-                    break
-        return out
+        return self._quoting.pending(self._item_at)
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -177,16 +151,13 @@ class Timeline:
         return TimelineReset(self.room_id, tuple(self._items), self.thread_root)
 
     def _fill(self, window: Window, limit: int) -> None:
-        self._receipts = dict(window.receipts)
-        self._by_event = None
-        self._fully_read = window.fully_read
+        self._receipts.load(window.receipts, window.fully_read)
         self._keys.clear()
         self._items.clear()
         self._event_keys.clear()
         self._quoting.clear()
         self._hidden.clear()
         self._echoes.clear()
-        self._echo_events.clear()
         if window.hidden_tail is not None:
             self._hidden.append(window.hidden_tail)
         self._high = None
@@ -216,70 +187,40 @@ class Timeline:
         self.note_quotes()
 
     def _rows(self, window: Window) -> list[tuple[RowKey, TimelineItem]]:
-        by_event = self._readers()
+        by_event = self._receipts.readers()
         items = window.items if window.items is not None else bare_rows(window.events)
         rows: list[tuple[RowKey, TimelineItem]] = []
         for stored, item in zip(window.events, items, strict=True):
             key = (stored.ord, stored.pos, 1)
             self._track(key, item)
-            rows.append((key, _with_receipts(item, by_event)))
-            if stored.event_id == self._fully_read:
+            rows.append((key, with_receipts(item, by_event)))
+            if stored.event_id == self._receipts.fully_read:
                 rows.append(((stored.ord, stored.pos, 2), ReadMarkerItem()))
         for gap in window.gaps:
             if not gap.is_top:
                 rows.append(((gap.newer_ord, _GAP_POS, 0), gap_item(gap)))
         for echo in window.echoes:
-            if echo.txn_id not in self._settled:
+            if echo.txn_id not in self._echoes.settled:
                 key = (ECHO_ORD, echo.seq, 1)
-                self._track_echo(key, echo)
+                self._echoes.track(key, echo)
                 rows.append((key, echo.item))
         rows.sort(key=lambda row: row[0])
-        return [(key, self._aliased(item)) for key, item in rows]
-
-    def _aliased(self, item: TimelineItem) -> TimelineItem:
-        """An event that took over an echo's row keeps showing under the echo's id."""
-        if isinstance(item, EventItem) and item.send_state is None:
-            alias = self._aliases.get(item.event_id)
-            if alias is not None and alias != item.id:
-                return replace(item, id=alias)
-        return item
-
-    def _track_echo(self, key: RowKey, echo: EchoPlaced) -> None:
-        self._echoes[echo.txn_id] = key
-        if echo.item.event_id != echo.item.id:
-            self._echo_events[echo.item.event_id] = echo.txn_id
-
-    def _readers(self) -> dict[str, tuple[str, ...]]:
-        """The users whose receipt sits on each event (built once per change of receipts)."""
-        if self._by_event is None:
-            by_event: dict[str, list[str]] = {}
-            for user, event_id in self._receipts.items():
-                by_event.setdefault(event_id, []).append(user)
-            self._by_event = {e: tuple(sorted(users)) for e, users in by_event.items()}
-        return self._by_event
+        aliased = self._echoes.aliased
+        return [(key, aliased(item)) for key, item in rows]
 
     def _track(self, key: RowKey, item: EventItem) -> None:
         self._event_keys[item.event_id] = key
-        if item.in_reply_to is not None:
-            self._quoting.setdefault(item.in_reply_to.event_id, set()).add(key)
+        self._quoting.add(key, item)
 
     def _untrack(self, key: RowKey, item: TimelineItem) -> None:
         if not isinstance(item, EventItem):
             return
         if key[0] == ECHO_ORD:
-            txn = item.id.removeprefix(ECHO_PREFIX)
-            if self._echoes.get(txn) == key:
-                del self._echoes[txn]
-            self._echo_events.pop(item.event_id, None)
+            self._echoes.untrack(key, item)
             return
         if self._event_keys.get(item.event_id) == key:
             del self._event_keys[item.event_id]
-        if item.in_reply_to is not None:
-            quoting = self._quoting.get(item.in_reply_to.event_id)
-            if quoting is not None:
-                quoting.discard(key)
-                if not quoting:
-                    del self._quoting[item.in_reply_to.event_id]
+        self._quoting.discard(key, item)
 
     def prepend_window(self, window: Window, generation: int | None = None) -> list[VectorDiff]:
         """Older retained rows read from the store, inserted at the front; rows past the
@@ -414,7 +355,7 @@ class Timeline:
         return None if i is None else self._items[i]
 
     def _insert(self, key: RowKey, item: TimelineItem) -> VectorDiff:
-        item = self._aliased(item)
+        item = self._echoes.aliased(item)
         i = bisect.bisect_left(self._keys, key)
         self._keys.insert(i, key)
         self._items.insert(i, item)
@@ -430,7 +371,7 @@ class Timeline:
         return Remove(i)
 
     def _set(self, key: RowKey, item: TimelineItem) -> VectorDiff | None:
-        item = self._aliased(item)
+        item = self._echoes.aliased(item)
         i = self._index(key)
         if i is None or self._items[i] == item:
             return None
@@ -447,17 +388,17 @@ class Timeline:
             case EventsAdded(ord=ord_, pos=pos, events=events, items=items, shown=shown):
                 rows = items if items is not None else [render(e, None) for e in events]
                 flags = shown if shown is not None else (True,) * len(events)
-                by_event = self._readers()
+                by_event = self._receipts.readers()
                 appended: list[TimelineItem] = []
                 for i, item in enumerate(rows):
                     key = (ord_, pos + i, 1)
-                    txn = self._echo_of(events[i])
+                    txn = self._echoes.answered(events[i])
                     if txn is not None:
                         if appended:
                             out.append(Append(tuple(appended)))
                             appended = []
                         shown_here = flags[i] and self._visible(key[:2]) and not self._contains(key)
-                        placed_item = _with_receipts(item, by_event)
+                        placed_item = with_receipts(item, by_event)
                         out.extend(self._settle_echo(txn, key if shown_here else None, placed_item))
                         if shown_here:
                             self._track(key, item)
@@ -473,8 +414,8 @@ class Timeline:
                     if not self._visible(key[:2]) or self._contains(key):
                         continue
                     self._track(key, item)
-                    placed = [(key, _with_receipts(item, by_event))]
-                    if item.event_id == self._fully_read:
+                    placed = [(key, with_receipts(item, by_event))]
+                    if item.event_id == self._receipts.fully_read:
                         placed.append(((ord_, pos + i, 2), ReadMarkerItem()))
                     for row_key, row in placed:
                         if not self._keys or row_key > self._keys[-1]:
@@ -528,44 +469,35 @@ class Timeline:
                 quote = reply_preview(event_id, item, unavailable=item is None)
                 out.extend(self._requote(event_id, quote))
             case EchoPlaced(seq=seq, txn_id=txn, item=item):
-                if txn in self._settled:
+                if txn in self._echoes.settled:
                     return out
                 key = (ECHO_ORD, seq, 1)
                 if self._contains(key):
-                    self._echo_events.pop(event_of(self._item_at(key)), None)
+                    self._echoes.forget_event(event_of(self._item_at(key)))
                     diff = self._set(key, item)
                     if diff is not None:
                         out.append(diff)
-                    self._track_echo(key, EchoPlaced(seq, txn, item))
+                    self._echoes.track(key, EchoPlaced(seq, txn, item))
                 elif self._visible(key[:2]):
                     out.append(self._insert(key, item))
-                    self._track_echo(key, EchoPlaced(seq, txn, item))
+                    self._echoes.track(key, EchoPlaced(seq, txn, item))
             case EchoRemoved(txn_id=txn) | EchoSettled(txn_id=txn):
                 # A settled echo whose event is not a row of this window (a limited sync
                 # put it in a gap, it went to a thread) leaves; a cancelled one too.
                 if isinstance(update, EchoSettled):
-                    self._settled.add(txn)
-                key = self._echoes.get(txn)
+                    self._echoes.settled.add(txn)
+                key = self._echoes.keys.get(txn)
                 if key is not None:
                     diff = self._remove(key)
                     if diff is not None:
                         out.append(diff)
         return out
 
-    def _echo_of(self, event: ClientEvent) -> str | None:
-        """The queued message (txn id) this event of the server answers, if one is shown."""
-        if not self._echoes:
-            return None
-        txn = event.transaction_id
-        if txn is not None and txn in self._echoes:
-            return txn
-        return self._echo_events.get(event.event_id)
-
     def _settle_echo(self, txn: str, key: RowKey | None, item: EventItem) -> list[VectorDiff]:
         """The server's event for an echo row arrived: it takes the row's place and id
         (``key`` ``None``: it is not a row here, and the echo goes)."""
-        self._settled.add(txn)
-        old = self._echoes.get(txn)
+        self._echoes.settled.add(txn)
+        old = self._echoes.keys.get(txn)
         i = None if old is None else self._index(old)
         if old is None or i is None:
             return [] if key is None else [self._insert(key, item)]
@@ -576,11 +508,11 @@ class Timeline:
         del self._items[i]
         if key is None:
             return [Remove(i)]
-        self._aliases[item.event_id] = echo.id
+        self._echoes.alias(item.event_id, echo.id)
         j = bisect.bisect_left(self._keys, key)
         if j == i:
             self._keys.insert(i, key)
-            self._items.insert(i, self._aliased(item))
+            self._items.insert(i, self._echoes.aliased(item))
             return [Set(i, self._items[i])]
         return [Remove(i), self._insert(key, item)]
 
@@ -592,7 +524,7 @@ class Timeline:
 
     def _requote(self, event_id: str, quote: InReplyTo) -> list[VectorDiff]:
         out: list[VectorDiff] = []
-        for key in sorted(self._quoting.get(event_id, ())):
+        for key in self._quoting.rows_quoting(event_id):
             row = self._item_at(key)
             if isinstance(row, EventItem) and row.in_reply_to is not None:
                 diff = self._set(
@@ -615,29 +547,22 @@ class Timeline:
 
     def _move_receipts(self, receipts: dict[str, str], fully_read: str | None) -> list[VectorDiff]:
         out: list[VectorDiff] = []
-        touched = {
-            event_id
-            for user in set(receipts) | set(self._receipts)
-            for event_id in (receipts.get(user), self._receipts.get(user))
-            if event_id is not None and receipts.get(user) != self._receipts.get(user)
-        }
-        self._receipts = receipts
-        self._by_event = None
-        by_event = self._readers()
-        for event_id in sorted(touched):
+        touched = self._receipts.move(receipts)
+        by_event = self._receipts.readers()
+        for event_id in touched:
             key = self._event_keys.get(event_id)
             item = None if key is None else self._item_at(key)
             if key is not None and isinstance(item, EventItem):
-                diff = self._set(key, _with_receipts(item, by_event))
+                diff = self._set(key, with_receipts(item, by_event))
                 if diff is not None:
                     out.append(diff)
-        if fully_read is not None and fully_read != self._fully_read:
-            old = self._event_keys.get(self._fully_read or "")
+        if fully_read is not None and fully_read != self._receipts.fully_read:
+            old = self._event_keys.get(self._receipts.fully_read or "")
             if old is not None:
                 diff = self._remove((old[0], old[1], 2))
                 if diff is not None:
                     out.append(diff)
-            self._fully_read = fully_read
+            self._receipts.fully_read = fully_read
             new_key = self._event_keys.get(fully_read)
             if new_key is not None:
                 out.append(self._insert((new_key[0], new_key[1], 2), ReadMarkerItem()))

@@ -1,5 +1,5 @@
-"""The small pure parts of a timeline: a gap's row, rows of bare events, the event a row
-shows, and which of two quotes of one event a row keeps."""
+"""The small pure parts of a timeline: a row's key, a gap's row, rows of bare events, the
+event a row shows, and which of two quotes of one event a row keeps."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ from gapline.history._render import render
 from gapline.history._types import HistoryGapItem, TimelineItem
 from gapline.history._updates import GapRecord, StoredEvent
 
-__all__ = ["bare_rows", "better_quote", "event_of", "gap_item"]
+__all__ = ["RowKey", "bare_rows", "better_quote", "event_of", "gap_item"]
+
+RowKey = tuple[int, int, int]
+"""``(ord, pos, 1)`` an event, ``(ord, pos, 2)`` the read marker after it, ``(ord, -inf, 0)``
+a gap (see ``_timeline``)."""
 
 
 def gap_item(gap: GapRecord) -> HistoryGapItem:
