@@ -1,4 +1,5 @@
-"""The event cache's schema: numbered, commented migrations (schema ``history``).
+"""The event cache's schema: numbered, commented migrations (schema ``history``), and how
+many ids one statement's ``IN (...)`` list names (:data:`IN_LIST`).
 
 Every column is commented where it is created. PostgreSQL runs the same text
 with ``BYTEA`` for ``BLOB`` and ordinary tables for the ``WITHOUT ROWID``
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 from gapline.storage import Migration
 
-__all__ = ["HISTORY_MIGRATIONS"]
+__all__ = ["HISTORY_MIGRATIONS", "IN_LIST"]
+
+IN_LIST = 400
+"""Ids per ``IN (...)`` list in the cache's statements: under every driver's parameter limit."""
 
 _SQLITE_V1 = """
 -- Rooms this store has seen (sync, open). The id is sealed; lookups use the hash.

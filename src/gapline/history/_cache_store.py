@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import msgspec
 
 from gapline.history._cache_reads import CacheReads, Window, split_timeline_key, thread_key
-from gapline.history._cache_schema import HISTORY_MIGRATIONS
+from gapline.history._cache_schema import HISTORY_MIGRATIONS, IN_LIST
 from gapline.history._items import GapLifecycle
 from gapline.history._relation_store import RelationTables
 from gapline.history._send_store import SendTable
@@ -97,9 +97,6 @@ class RowMeta(msgspec.Struct, frozen=True, array_like=True):
     """What the cache stores with an event beyond the event: its sender's name then."""
 
     sender_name: str | None = None
-
-
-_CHUNK = 400  # IN (...) lists stay under every driver's parameter limit
 
 
 def rows_by_event_sql(dialect: Dialect, count: int) -> str:
@@ -196,8 +193,8 @@ class CacheStore(CacheReads):
         """Where each of ``keys`` (event hashes) is retained, if it is."""
         found: dict[bytes, Key] = {}
         unique = list(dict.fromkeys(keys))
-        for start in range(0, len(unique), _CHUNK):
-            chunk = unique[start : start + _CHUNK]
+        for start in range(0, len(unique), IN_LIST):
+            chunk = unique[start : start + IN_LIST]
             marks = ",".join("?" * len(chunk))
             for event, ord_, pos in tx.all(
                 f"SELECT event, ord, pos FROM history_event WHERE room = ? AND event IN ({marks})",
@@ -254,8 +251,8 @@ class CacheStore(CacheReads):
         if known is not None:
             missing = [i for i in unique if i not in known]
             known.update(zip(missing, self.event_keys(missing), strict=True))
-        for start in range(0, len(unique), _CHUNK):
-            ids = unique[start : start + _CHUNK]
+        for start in range(0, len(unique), IN_LIST):
+            ids = unique[start : start + IN_LIST]
             chunk = [known[i] for i in ids] if known is not None else self.event_keys(ids)
             for o, p, ek, body in tx.all(
                 rows_by_event_sql(tx.dialect, len(chunk)), (room.rid, *chunk)

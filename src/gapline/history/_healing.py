@@ -26,6 +26,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from gapline.history._cache_schema import IN_LIST
 from gapline.history._cache_store import CacheStore, rows_by_event_sql, split_timeline_key
 from gapline.history._decryption import MARK, awaits_key
 from gapline.history._sections import Sections
@@ -51,7 +52,6 @@ __all__ = [
 log = logging.getLogger("gapline.history")
 
 SCAN_CHUNK = 2000
-_IN_LIST = 400  # ids per IN (...) list: under every driver's parameter limit
 
 UTD_SCHEMA = "history_e2ee"
 
@@ -194,8 +194,8 @@ def retained_chunk(
     by_key = {event: skey for _, _, event, skey in rows}
     found: list[tuple[StoredEvent, bytes, bytes]] = []
     keys = list(by_key)
-    for start in range(0, len(keys), _IN_LIST):
-        part = keys[start : start + _IN_LIST]
+    for start in range(0, len(keys), IN_LIST):
+        part = keys[start : start + IN_LIST]
         for ord_, pos, event, body in tx.all(
             rows_by_event_sql(tx.dialect, len(part)),
             (room.rid, *part),

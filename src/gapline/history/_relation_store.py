@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gapline.history._aggregates import Aggregate, decode_aggregate, encode_aggregate
+from gapline.history._cache_schema import IN_LIST
 from gapline.history._updates import (
     AggregateChanged,
     DetachedStored,
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = ["PRESENT", "RelationTables"]
 
-_CHUNK = 400
 PRESENT = ("join", "invite")
 """Memberships whose display name counts when deciding whether two names clash."""
 
@@ -57,8 +57,8 @@ class RelationTables:
         return {known[i]: i for i in unique}
 
     def _in(self, tx: Tx, sql: str, room: Room, keys: Sequence[bytes]) -> Iterable[tuple[Any, ...]]:
-        for start in range(0, len(keys), _CHUNK):
-            chunk = keys[start : start + _CHUNK]
+        for start in range(0, len(keys), IN_LIST):
+            chunk = keys[start : start + IN_LIST]
             yield from tx.all(sql.format(marks=",".join("?" * len(chunk))), (room.rid, *chunk))
 
     # -- aggregates -----------------------------------------------------------------------
@@ -131,8 +131,8 @@ class RelationTables:
         """Let these relation events take effect again: they were seen while their content
         could not be read (undecryptable), and are decrypted now."""
         keys = list(self._hashes(event_ids, known))
-        for start in range(0, len(keys), _CHUNK):
-            chunk = keys[start : start + _CHUNK]
+        for start in range(0, len(keys), IN_LIST):
+            chunk = keys[start : start + IN_LIST]
             tx.execute(
                 "DELETE FROM history_relation WHERE room = ?"
                 f" AND event IN ({','.join('?' * len(chunk))})",
