@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from hashlib import blake2b as _blake2b
 from typing import Any, Protocol
 
@@ -136,6 +137,12 @@ class CacheStore(CacheReads):
         """The account's user id, when known (a thread's "participated" needs it)."""
         self.relations = RelationTables(self)
         self.sends = SendTable(self)
+        self._rooms: dict[str, Room] = {}
+        """Room (and thread) ids registered in a committed transaction, with their number:
+        a ``history_room`` row is never removed nor renumbered once committed, so the
+        lookup every transaction starts with is answered from here. Filled only by
+        ``Tx.after_commit``: a registration that rolls back leaves no entry (its
+        number may then go to another room)."""
 
     @classmethod
     async def open(cls, backend: Backend, cipher: Cipher) -> CacheStore:
@@ -159,6 +166,9 @@ class CacheStore(CacheReads):
         return [_blake2b(i.encode(), key=subkey, digest_size=16).digest() for i in event_ids]
 
     def find_room(self, tx: Tx, room_id: str) -> Room | None:
+        known = self._rooms.get(room_id)
+        if known is not None:
+            return known
         key = self.room_key(room_id)
         row = tx.one("SELECT rid FROM history_room WHERE room = ?", (key,))
         return None if row is None else Room(int(row[0]), key)
@@ -337,6 +347,8 @@ class CacheStore(CacheReads):
         """The room's local number, registering the room on first sight."""
         found = self.find_room(tx, room_id)
         if found is not None:
+            if room_id not in self._rooms:
+                tx.after_commit(partial(self._rooms.__setitem__, room_id, found))
             return found
         key = self.room_key(room_id)
         row = tx.one("SELECT COALESCE(MAX(rid), 0) + 1 FROM history_room")
@@ -346,7 +358,9 @@ class CacheStore(CacheReads):
             "INSERT INTO history_room (room, rid, room_id) VALUES (?, ?, ?)",
             (key, rid, self.cipher.encrypt(room_id.encode(), key)),
         )
-        return Room(rid, key)
+        room = Room(rid, key)
+        tx.after_commit(partial(self._rooms.__setitem__, room_id, room))
+        return room
 
     def write_update(
         self,

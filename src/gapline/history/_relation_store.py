@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from gapline.history._aggregates import Aggregate, decode_aggregate, encode_aggregate
 from gapline.history._cache_schema import IN_LIST
+from gapline.history._member_cache import MemberCache
 from gapline.history._updates import (
     AggregateChanged,
     DetachedStored,
@@ -42,6 +44,9 @@ class RelationTables:
 
     def __init__(self, store: CacheStore) -> None:
         self._store = store
+        self.member_cache = MemberCache()
+        """Committed member records and name counts (``_member_cache``); every write of
+        ``history_member`` goes through :meth:`write`, which keeps it in step."""
 
     def _hashes(
         self, ids: Iterable[str], known: dict[str, bytes] | None = None
@@ -175,17 +180,24 @@ class RelationTables:
     # -- members --------------------------------------------------------------------------
 
     def members(self, tx: Tx, room: Room, user_ids: Iterable[str]) -> dict[str, MemberRecord]:
-        by_key = {self._store.cipher.lookup_key("member:" + u): u for u in dict.fromkeys(user_ids)}
-        out: dict[str, MemberRecord] = {}
-        for member, value in self._in(
-            tx,
-            "SELECT member, value FROM history_member WHERE room = ? AND member IN ({marks})",
-            room,
-            list(by_key),
-        ):
-            record = self._open_member(room, bytes(member), value)
-            out[by_key[bytes(member)]] = record
-        return out
+        """The stored records of ``user_ids`` (inside a write: the cache answers for the
+        users it holds, and learns the others once this transaction commits)."""
+        cache = self.member_cache
+        known, missing = cache.records(room.rid, list(dict.fromkeys(user_ids)))
+        if missing:
+            generation = cache.generation(room.rid)
+            by_key = {self._store.cipher.lookup_key("member:" + u): u for u in missing}
+            read: dict[str, MemberRecord | None] = dict.fromkeys(missing)
+            for member, value in self._in(
+                tx,
+                "SELECT member, value FROM history_member WHERE room = ? AND member IN ({marks})",
+                room,
+                list(by_key),
+            ):
+                read[by_key[bytes(member)]] = self._open_member(room, bytes(member), value)
+            tx.after_commit(partial(cache.install, room.rid, generation, read))
+            known.update(read)
+        return {u: r for u, r in known.items() if r is not None}
 
     def all_members(self, tx: Tx, room: Room, limit: int = 100_000) -> list[MemberRecord]:
         rows = tx.all(
@@ -197,12 +209,20 @@ class RelationTables:
         )
 
     def name_holders(self, tx: Tx, room: Room, display_name: str) -> int:
-        """How many present members use ``display_name``."""
+        """How many present members use ``display_name`` (inside a write; cached like
+        :meth:`members`)."""
+        cache = self.member_cache
+        held = cache.holders(room.rid, display_name)
+        if held is not None:
+            return held
+        generation = cache.generation(room.rid)
         row = tx.one(
             "SELECT COUNT(*) FROM history_member WHERE room = ? AND name = ? AND present = 1",
             (room.rid, self._name_key(display_name)),
         )
-        return 0 if row is None else int(row[0])
+        count = 0 if row is None else int(row[0])
+        tx.after_commit(partial(cache.install, room.rid, generation, None, {display_name: count}))
+        return count
 
     def _name_key(self, display_name: str) -> bytes:
         return self._store.cipher.lookup_key("member-name:" + display_name)
@@ -280,6 +300,7 @@ class RelationTables:
             case MembersUpdated(members=members):
                 for record in members:
                     self._put_member(tx, room, record)
+                tx.after_commit(partial(self.member_cache.invalidate, room.rid))
             case DetachedStored(event_id=event_id, event=event):
                 key = event_key(event_id)
                 body = (
