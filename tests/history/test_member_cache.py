@@ -70,7 +70,9 @@ async def test_member_records_are_cached_per_room_and_dropped_on_change(store: C
     assert await names(store, ROOM, [said(1)]) == {"$m1": "Bob"}
     assert await names(store, OTHER, [said(2)]) == {"$m2": "Robert"}
     cache = store.relations.member_cache
-    rid = (await store.backend.read(lambda tx: store.find_room(tx, ROOM))).rid
+    found = await store.backend.read(lambda tx: store.find_room(tx, ROOM))
+    assert found is not None
+    rid = found.rid
     assert cache.records(rid, [BOB]) == ({BOB: MemberRecord(BOB, "Bob", "join")}, [])
     # A change drops the room's entry at commit; the other room keeps its own.
     await set_member(store, ROOM, MemberRecord(BOB, "Bobby", "join"))
