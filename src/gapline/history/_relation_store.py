@@ -11,6 +11,7 @@ here only read, or apply the updates ``Sections`` emitted
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,9 @@ class RelationTables:
 
     def __init__(self, store: CacheStore) -> None:
         self._store = store
+        self._aggregates_none: set[int] = set()  # rooms known to hold no aggregate
+        self._aggregates_some: set[int] = set()  # rooms that may hold some
+        self._aggregates_lock = threading.Lock()  # writer threads of PostgreSQL
         self.member_cache = MemberCache()
         """Committed member records and name counts (``_member_cache``); every write of
         ``history_member`` goes through :meth:`write`, which keeps it in step."""
@@ -77,6 +81,8 @@ class RelationTables:
     ) -> dict[str, Aggregate]:
         """The aggregates held for ``event_ids`` (those with none are left out); ``known``
         may hold hashes the caller computed already."""
+        if not self._may_hold_aggregates(tx, room.rid):
+            return {}
         by_key = self._hashes(event_ids, known)
         out: dict[str, Aggregate] = {}
         for target, value in self._in(
@@ -88,6 +94,28 @@ class RelationTables:
             key = bytes(target)
             out[by_key[key]] = self.open(room, key, value)
         return out
+
+    def _may_hold_aggregates(self, tx: Tx, rid: int) -> bool:
+        """False only for a room known to hold no aggregate at all (most rooms of plain
+        messages, whose every batch would otherwise look its ids up for nothing).
+
+        Known from one read of the room, the first time; every write of an aggregate
+        says "may hold" at once, inside its transaction (so a later batch of the same
+        transaction looks up what an earlier one wrote), and for good: nothing turns
+        it back. A read's "none" is kept only if no write said otherwise meanwhile."""
+        if rid in self._aggregates_none:
+            return False
+        if rid in self._aggregates_some:
+            return True
+        found = tx.one("SELECT 1 FROM history_aggregate WHERE room = ? LIMIT 1", (rid,))
+        with self._aggregates_lock:
+            if found is not None:
+                self._aggregates_some.add(rid)
+                return True
+            if rid not in self._aggregates_some:
+                self._aggregates_none.add(rid)
+                return False
+        return True
 
     def open(self, room: Room, event_key: bytes, sealed: Any) -> Aggregate:
         """A sealed aggregate (of ``history_aggregate`` or a row's copy)."""
@@ -119,6 +147,9 @@ class RelationTables:
             tx.executemany("DELETE FROM history_aggregate WHERE room = ? AND target = ?", gone)
             tx.executemany("UPDATE history_event SET agg = NULL WHERE room = ? AND event = ?", gone)
         if kept:
+            with self._aggregates_lock:
+                self._aggregates_none.discard(room.rid)
+                self._aggregates_some.add(room.rid)
             tx.executemany(
                 "INSERT INTO history_aggregate (room, target, value) VALUES (?, ?, ?)"
                 " ON CONFLICT (room, target) DO UPDATE SET value = excluded.value",

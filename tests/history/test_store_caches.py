@@ -1,7 +1,8 @@
-"""The caches the cache store keeps between transactions (member records and name
-counts, room numbers): filled only by committed transactions, dropped when a member
-changes, per room, fresh after a restart; and an engine that sees a member's new name
-between two pages of a fill."""
+"""What the cache store keeps in memory between transactions: member records and name
+counts, room numbers (filled only by committed transactions, dropped when a member
+changes, per room, fresh after a restart; an engine sees a member's new name between
+two pages of a fill), and which rooms hold no aggregate at all (a reaction written in
+the same transaction, an earlier one, or before a restart, still reaches its target)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from gapline.history import EngineConfig, FillGap, HistoryRepair
 from gapline.history._cache_store import CacheStore
 from gapline.history._sections import Sections
-from gapline.history._updates import MemberRecord, MembersUpdated
+from gapline.history._updates import EventsAdded, MemberRecord, MembersUpdated
 from gapline.matrix import ClientEvent
 from tests.history.cache_contract import open_cache
 from tests.history.relations_support import make_world, open_settled, reader, rows
@@ -164,3 +165,71 @@ async def test_a_fill_names_senders_as_the_member_state_says_between_its_pages(t
         second = set(rows(h, world.room)) - held
         assert len(second) == 10
         assert {rows(h, world.room)[i].sender_name for i in second} == {"Robert"}
+
+
+def reaction_to(target: str, n: int) -> ClientEvent:
+    return ClientEvent(
+        event_id=f"$r{n}",
+        type="m.reaction",
+        sender=BOB,
+        origin_server_ts=n,
+        content={"m.relates_to": {"rel_type": "m.annotation", "event_id": target, "key": "+1"}},
+    )
+
+
+def placed_item(sections: Sections, event_id: str) -> Any:
+    [item] = [
+        i
+        for u in sections.updates
+        if isinstance(u, EventsAdded) and u.items is not None
+        for i in u.items
+        if i.event_id == event_id
+    ]
+    return item
+
+
+async def sync(store: CacheStore, *batches: list[ClientEvent]) -> Sections:
+    """Each batch placed as one sync's timeline, all in one transaction."""
+
+    def op(tx: Any) -> Sections:
+        sections = Sections(store, tx, ROOM)
+        for batch in batches:
+            sections.ingest_sync(batch, limited=False, prev_batch=None)
+        return sections
+
+    return await store.backend.write(op)
+
+
+async def test_a_room_of_plain_messages_is_known_to_hold_no_aggregate(store: CacheStore) -> None:
+    await sync(store, [said(1)])
+    await sync(store, [said(2)])
+    found = await store.backend.read(lambda tx: store.find_room(tx, ROOM))
+    assert found is not None
+    assert found.rid in store.relations._aggregates_none  # answered from memory from now on
+
+
+async def test_a_reaction_reaches_its_target_placed_later_in_the_same_transaction(
+    store: CacheStore,
+) -> None:
+    await sync(store, [said(1)])  # the room is known to hold no aggregate
+    sections = await sync(store, [reaction_to("$m9", 2)], [said(9)])
+    assert [r.key for r in placed_item(sections, "$m9").reactions] == ["+1"]
+
+
+async def test_a_reaction_reaches_its_target_in_a_later_transaction_and_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "cache.db")
+    first = await open_cache(path)
+    await sync(first, [said(1)])
+    await sync(first, [reaction_to("$m8", 2)])
+    sections = await sync(first, [said(8)])
+    assert [r.key for r in placed_item(sections, "$m8").reactions] == ["+1"]
+    await sync(first, [reaction_to("$m9", 3)])
+    await first.backend.close()
+    again = await open_cache(path)
+    try:
+        sections = await sync(again, [said(9)])
+        assert [r.key for r in placed_item(sections, "$m9").reactions] == ["+1"]
+    finally:
+        await again.backend.close()
