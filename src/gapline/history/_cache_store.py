@@ -89,6 +89,8 @@ class Cipher(Protocol):
 
     def encrypt(self, plaintext: bytes, aad: bytes = b"") -> bytes: ...
 
+    def encrypt_many(self, items: Iterable[tuple[bytes, bytes]]) -> list[bytes]: ...
+
     def decrypt(self, sealed: bytes, aad: bytes = b"") -> bytes: ...
 
     def lookup_key(self, identifier: str) -> bytes: ...
@@ -377,8 +379,8 @@ class CacheStore(CacheReads):
             case EventsAdded(
                 ord=ord_, pos=pos, events=events, items=items, shown=shown, aggregates=held
             ):
-                # The per-event hot path of ingestion: one comprehension, locals only.
-                encode, encrypt, (rid, rkey) = self._encode, self.cipher.encrypt, room
+                # The per-event hot path of ingestion: comprehensions, locals only.
+                encode, (rid, rkey) = self._encode, room
                 keys = (
                     self.event_keys([e.event_id for e in events])
                     if event_key is None
@@ -395,10 +397,13 @@ class CacheStore(CacheReads):
                     else events
                 )
                 flags = [int(f) for f in shown] if shown else [1] * len(events)
+                sealed = self.cipher.encrypt_many(
+                    [(encode(body), rkey + ek) for body, ek in zip(bodies, keys, strict=True)]
+                )
                 rows = [
-                    (rid, ord_, p, ek, encrypt(encode(body), rkey + ek), flag)
-                    for p, body, ek, flag in zip(
-                        range(pos, pos + len(events)), bodies, keys, flags, strict=True
+                    (rid, ord_, p, ek, body, flag)
+                    for p, ek, body, flag in zip(
+                        range(pos, pos + len(events)), keys, sealed, flags, strict=True
                     )
                 ]
                 tx.executemany(
@@ -409,16 +414,15 @@ class CacheStore(CacheReads):
                 if held and any(held):
                     # The copy of each event's aggregate on its row (a room's own timeline
                     # only: a thread's timeline reads its room's aggregates).
-                    seal = self.relations.seal
+                    copies = [
+                        (p, ek, a)
+                        for p, ek, a in zip(range(pos, pos + len(events)), keys, held, strict=True)
+                        if a is not None
+                    ]
+                    sealed = self.relations.seal_many(room, [(ek, a) for _, ek, a in copies])
                     tx.executemany(
                         "UPDATE history_event SET agg = ? WHERE room = ? AND ord = ? AND pos = ?",
-                        [
-                            (seal(room, ek, a), rid, ord_, p)
-                            for p, ek, a in zip(
-                                range(pos, pos + len(events)), keys, held, strict=True
-                            )
-                            if a is not None
-                        ],
+                        [(s, rid, ord_, p) for (p, _, _), s in zip(copies, sealed, strict=True)],
                     )
             case GapAdded(gap=gap):
                 tx.execute(

@@ -123,8 +123,13 @@ class RelationTables:
         return decode_aggregate(plain)
 
     def seal(self, room: Room, event_key: bytes, aggregate: Aggregate) -> bytes:
-        return self._store.cipher.encrypt(
-            encode_aggregate(aggregate), room.key + b"agg" + event_key
+        [sealed] = self.seal_many(room, [(event_key, aggregate)])
+        return sealed
+
+    def seal_many(self, room: Room, entries: Sequence[tuple[bytes, Aggregate]]) -> list[bytes]:
+        """Aggregates sealed in one cipher call (a page's are written together)."""
+        return self._store.cipher.encrypt_many(
+            [(encode_aggregate(a), room.key + b"agg" + k) for k, a in entries]
         )
 
     def _put_aggregates(
@@ -138,11 +143,11 @@ class RelationTables:
         keys = [event_key(t) for t, _, _ in entries]
         empty = Aggregate()
         gone = [(room.rid, k) for k, (_, a, _) in zip(keys, entries, strict=True) if a == empty]
-        kept = [
-            (k, self.seal(room, k, a), on_row)
-            for k, (_, a, on_row) in zip(keys, entries, strict=True)
-            if a != empty
+        keep = [
+            (k, a, on_row) for k, (_, a, on_row) in zip(keys, entries, strict=True) if a != empty
         ]
+        sealed = self.seal_many(room, [(k, a) for k, a, _ in keep])
+        kept = [(k, s, on_row) for (k, _, on_row), s in zip(keep, sealed, strict=True)]
         if gone:
             tx.executemany("DELETE FROM history_aggregate WHERE room = ? AND target = ?", gone)
             tx.executemany("UPDATE history_event SET agg = NULL WHERE room = ? AND event = ?", gone)
@@ -319,13 +324,20 @@ class RelationTables:
             case RelationIndexed(entries=entries):
                 events = [event_key(e) for e, _, _ in entries]
                 targets = [event_key(t) for _, t, _ in entries]
-                encrypt = self._store.cipher.encrypt
+                sealed = self._store.cipher.encrypt_many(
+                    [
+                        (target.encode(), room.key + b"rel" + e)
+                        for e, (_, target, _) in zip(events, entries, strict=True)
+                    ]
+                )
                 tx.executemany(
                     "INSERT INTO history_relation (room, event, target, target_id, kind)"
                     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room, event) DO NOTHING",
                     [
-                        (room.rid, e, t, encrypt(target.encode(), room.key + b"rel" + e), kind)
-                        for e, t, (_, target, kind) in zip(events, targets, entries, strict=True)
+                        (room.rid, e, t, s, kind)
+                        for e, t, s, (_, _, kind) in zip(
+                            events, targets, sealed, entries, strict=True
+                        )
                     ],
                 )
             case MembersUpdated(members=members):
