@@ -400,29 +400,31 @@ class CacheStore(CacheReads):
                 sealed = self.cipher.encrypt_many(
                     [(encode(body), rkey + ek) for body, ek in zip(bodies, keys, strict=True)]
                 )
-                rows = [
-                    (rid, ord_, p, ek, body, flag)
-                    for p, ek, body, flag in zip(
-                        range(pos, pos + len(events)), keys, sealed, flags, strict=True
-                    )
-                ]
-                tx.executemany(
-                    "INSERT INTO history_event (room, ord, pos, event, body, shown)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    rows,
-                )
+                places = range(pos, pos + len(events))
                 if held and any(held):
-                    # The copy of each event's aggregate on its row (a room's own timeline
-                    # only: a thread's timeline reads its room's aggregates).
-                    copies = [
-                        (p, ek, a)
-                        for p, ek, a in zip(range(pos, pos + len(events)), keys, held, strict=True)
-                        if a is not None
-                    ]
-                    sealed = self.relations.seal_many(room, [(ek, a) for _, ek, a in copies])
+                    # Each row with the copy of its event's aggregate, in the same insert (a
+                    # room's own timeline only: a thread's timeline reads its room's).
+                    with_agg = [(ek, a) for ek, a in zip(keys, held, strict=True) if a is not None]
+                    copies = iter(self.relations.seal_many(room, with_agg))
+                    aggs = [None if a is None else next(copies) for a in held]
                     tx.executemany(
-                        "UPDATE history_event SET agg = ? WHERE room = ? AND ord = ? AND pos = ?",
-                        [(s, rid, ord_, p) for (p, _, _), s in zip(copies, sealed, strict=True)],
+                        "INSERT INTO history_event (room, ord, pos, event, body, shown, agg)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        [
+                            (rid, ord_, p, ek, body, flag, agg)
+                            for p, ek, body, flag, agg in zip(
+                                places, keys, sealed, flags, aggs, strict=True
+                            )
+                        ],
+                    )
+                else:
+                    tx.executemany(
+                        "INSERT INTO history_event (room, ord, pos, event, body, shown)"
+                        " VALUES (?, ?, ?, ?, ?, ?)",
+                        [
+                            (rid, ord_, p, ek, body, flag)
+                            for p, ek, body, flag in zip(places, keys, sealed, flags, strict=True)
+                        ],
                     )
             case GapAdded(gap=gap):
                 tx.execute(
