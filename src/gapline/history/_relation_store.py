@@ -102,7 +102,9 @@ class RelationTables:
         Known from one read of the room, the first time; every write of an aggregate
         says "may hold" at once, inside its transaction (so a later batch of the same
         transaction looks up what an earlier one wrote), and for good: nothing turns
-        it back. A read's "none" is kept only if no write said otherwise meanwhile."""
+        it back. A read's "none" is kept only if no write said otherwise meanwhile. Like
+        the member cache, this holds because the engine's store is the only writer of
+        its history tables."""
         if rid in self._aggregates_none:
             return False
         if rid in self._aggregates_some:
