@@ -137,6 +137,13 @@ def _renamed(events: list[ClientEvent], prefix: str) -> list[ClientEvent]:
     return [msgspec.structs.replace(e, event_id=f"{prefix}{e.event_id}") for e in events]
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and of the children it has waited for (a large
+    heal's decrypt worker, stopped and waited for when the heal ends)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 class Bench:
     def __init__(self, engine: Engine, keys: _Keys, sink: _Count) -> None:
         self.engine, self.keys, self.sink = engine, keys, sink
@@ -199,9 +206,9 @@ class Bench:
             events = _renamed(events, f"$h{r}")
             await self.sync(ROOM, events)  # no key yet: every one is a UTD row
             self.sink.sets = 0
-            start = time.process_time()
+            start = _cpu()
             elapsed = await self.sync(None, [], [self.keys.room_key(self.engine, key)])
-            cpu = min(cpu, time.process_time() - start)
+            cpu = min(cpu, _cpu() - start)
             best = min(best, elapsed)
             sets = self.sink.sets
             start = time.process_time()
@@ -214,8 +221,9 @@ class Bench:
             "heal_ms": round(best * 1000, 1),
             "bare_decrypt_ms": round(bare * 1000, 1),
             "ratio_to_bare": round(best / bare, 3),
-            # CPU time of the process (all its threads): less moved by a busy machine's
-            # run queue than wall time, which the target is about
+            # CPU time of the process (all its threads) and of its decrypt worker: less
+            # moved by a busy machine's run queue than wall time, which the target is
+            # about; with the worker it is spent on two cores
             "heal_cpu_ms": round(cpu * 1000, 1),
             "bare_decrypt_cpu_ms": round(bare_cpu * 1000, 1),
             "cpu_ratio_to_bare": round(cpu / bare_cpu, 3),

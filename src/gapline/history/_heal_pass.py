@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Awaitable, Callable, Generator, Iterable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
-from gapline.e2ee import DecryptedEvent, RoomKeyId, save_changes
+from gapline.e2ee import DecryptedEvent, DecryptWorker, RoomKeyId, decrypt_worker, save_changes
 from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
 from gapline.history._crypto import BATCH, EngineCrypto
@@ -45,10 +45,14 @@ from gapline.history._healing import (
 from gapline.history._updates import StoredEvent, Update
 from gapline.storage import Tx
 
-__all__ = ["CHUNK", "heal_sessions"]
+__all__ = ["CHUNK", "OFFLOAD_MIN", "heal_sessions"]
 
 
 CHUNK = 500
+# A heal of this many rows or more decrypts in a worker process beside this one (see
+# `gapline.e2ee.DecryptWorker`); fewer cost tens of milliseconds in-process, less than
+# starting the worker.
+OFFLOAD_MIN = 1000
 
 _Chunk = tuple[list[tuple[StoredEvent, bytes, bytes]], list[tuple[bytes, bytes]]]
 
@@ -80,12 +84,18 @@ async def heal_sessions(
         return []
     changed: list[str] = []
     with collector_paused():
+        plans: list[tuple[str, PendingHeal]] = []
         for room_id, sessions in by_room.items():
             plan = await store.backend.read(
                 lambda tx, r=room_id, s=sessions: pending_heal(store, tx, r, s)
             )
-            if plan is not None and await _heal_room(store, crypto, commits, plan, room_id, flush):
-                changed.append(room_id)
+            if plan is not None:
+                plans.append((room_id, plan))
+        large = sum(len(plan.rows) for _, plan in plans) >= OFFLOAD_MIN
+        async with decrypt_worker() if large else nullcontext() as worker:
+            for room_id, plan in plans:
+                if await _heal_room(store, crypto, commits, plan, room_id, flush, worker):
+                    changed.append(room_id)
     return changed
 
 
@@ -96,18 +106,30 @@ async def _heal_room(
     plan: PendingHeal,
     room_id: str,
     flush: Callable[[str], Awaitable[None]],
+    worker: DecryptWorker | None,
 ) -> bool:
     driver = crypto.driver
     assert driver is not None
     room = plan.room
     healed_any = False
-    for i in range(0, len(plan.rows), CHUNK):
-        rows = plan.rows[i : i + CHUNK]
-        retained, stale = await store.backend.read(
-            lambda tx, rows=rows: retained_chunk(store, tx, room, rows)
-        )
+    chunks = [plan.rows[i : i + CHUNK] for i in range(0, len(plan.rows), CHUNK)]
+
+    async def read(rows: list[tuple[int, int, bytes, bytes]]) -> _Chunk:
+        return await store.backend.read(lambda tx: retained_chunk(store, tx, room, rows))
+
+    async def send(chunk: _Chunk) -> bool:
+        """The chunk to the worker, if there is one and it is ready."""
+        events = [s.event for s, _, _ in chunk[0]]
+        return worker is not None and await worker.send(driver.machine, room_id, events)
+
+    upcoming = await read(chunks[0]) if chunks else None
+    sent = upcoming is not None and await send(upcoming)
+    for i in range(len(chunks)):
+        assert upcoming is not None
+        retained, stale = upcoming
+        raw = await worker.receive() if sent and worker is not None else None
         results = await driver.decrypt_room_events(
-            room_id, [s.event for s, _, _ in retained], batch=BATCH
+            room_id, [s.event for s, _, _ in retained], batch=BATCH, raw=raw
         )
         healed, entries = [], []
         for (s, event, skey), r in zip(retained, results, strict=True):
@@ -115,6 +137,12 @@ async def _heal_room(
                 healed.append(StoredEvent(s.ord, s.pos, as_cached(s.event, r), s.sender_name))
                 entries.append((event, skey))
         changes = crypto.take_changes()
+        # The next chunk is read (and handed to the worker) before this one is written,
+        # so its decryption runs beside this write and the diffs' delivery. The rows
+        # differ and a write touches only its own chunk's, so the read sees what it would
+        # after the write; the steps of this process still run one after the other.
+        upcoming = await read(chunks[i + 1]) if i + 1 < len(chunks) else None
+        sent = upcoming is not None and await send(upcoming)
 
         def op(
             tx: Tx, healed=healed, entries=entries, stale=stale, changes=changes
@@ -127,7 +155,7 @@ async def _heal_room(
         await commits.run(op)
         if healed:
             healed_any = True
-            await flush(room_id)  # this chunk's rows shown before the next one is read
+            await flush(room_id)  # this chunk's rows shown before the next one is checked
     if plan.detached or plan.gone:
         healed_any |= await _heal_detached(store, crypto, commits, plan, room_id)
         await flush(room_id)

@@ -1,0 +1,194 @@
+"""`DecryptWorker`: a large heal's vodozemac calls on the machine's other core.
+
+A heal of thousands of events of one session is the decrypt calls plus as much work
+again in this process (reading the rows back, the machine's checks, rewriting and
+showing them); all of it holds the GIL, so a thread cannot overlap the two. A child
+process can: while it decrypts chunk k+1, this process checks and writes chunk k.
+
+The child (``_megolm_worker.py``) is given copies of the sessions, pickled under a
+random key made for this worker, and the ciphertexts; it returns vodozemac's result
+per event (`RawDecryption`). The machine then applies every rule to those results as
+to its own calls (`InboundGroupSessions.decrypt_many`), so what a heal stores is the
+same whichever process decrypted. The key and the pickles cross only the pipe to the
+child; nothing it holds is ever written to disk.
+
+The worker is optional: if it cannot start, dies, or answers something unreadable, a
+warning is logged with the cause and the caller decrypts in-process from then on
+(`send` and `receive` say so by returning False / None). Until the child says it is
+ready (it imports vodozemac, tens of milliseconds on a loaded machine) the caller
+decrypts in-process too, so starting it never delays a heal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import msgspec
+
+from gapline.matrix import ClientEvent
+
+from ._machine import CryptoMachine
+from ._megolm_worker import _LEN, HELLO, Job, RawDecryption
+from ._types import MEGOLM
+
+__all__ = ["DecryptWorker", "decrypt_worker"]
+
+log = logging.getLogger("gapline.e2ee.worker")
+
+_SCRIPT = str(Path(__file__).with_name("_megolm_worker.py"))
+_CLOSE_S = 5.0  # how long a closed worker may take to exit before it is killed
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_results = msgspec.msgpack.Decoder(list[RawDecryption | None]).decode
+
+_FAILURES = (OSError, EOFError, asyncio.IncompleteReadError, msgspec.DecodeError, ValueError)
+
+
+class DecryptWorker:
+    """One child process and the sessions it was given (see the module doc). One job at
+    a time: `send` a chunk, then `receive` its results before the next `send`."""
+
+    def __init__(self, proc: asyncio.subprocess.Process | None) -> None:
+        self._proc = proc
+        self._key = os.urandom(32)
+        self._key_sent = False
+        self._slots: dict[tuple[str, str], int] = {}
+        self._ready = False
+        self._failed = False
+        self._in_flight: int | None = None  # the size of the job sent and not received
+
+    @property
+    def usable(self) -> bool:
+        """Ready and not failed: a job sent now is decrypted by the child."""
+        return self._ready and not self._failed
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        if not self._failed:
+            log.warning(
+                "the decrypt worker %s (%s: %s); decrypting in this process instead",
+                what,
+                type(exc).__name__,
+                exc,
+            )
+        self._failed = True
+        self._in_flight = None
+
+    async def _await_hello(self) -> None:
+        try:
+            if await self._frame() != HELLO:
+                raise ValueError("it did not greet as a decrypt worker")
+            self._ready = True
+        except _FAILURES as exc:
+            self._fail("did not start", exc)
+
+    async def _frame(self) -> bytes:
+        assert self._proc is not None and self._proc.stdout is not None
+        head = await self._proc.stdout.readexactly(_LEN.size)
+        (size,) = _LEN.unpack(head)
+        return await self._proc.stdout.readexactly(size)
+
+    async def send(
+        self, machine: CryptoMachine, room_id: str, events: Sequence[ClientEvent]
+    ) -> bool:
+        """Give the child this chunk's ciphertexts (with any session it lacks); False if
+        the worker is not usable (the caller decrypts in-process)."""
+        if not self.usable or self._in_flight is not None:
+            return False
+        assert self._proc is not None and self._proc.stdin is not None
+        sessions: list[tuple[int, str]] = []
+        items: list[tuple[int, str] | None] = []
+        for event in events:
+            content = event.content
+            sid, ciphertext = content.get("session_id"), content.get("ciphertext")
+            if not (
+                content.get("algorithm") == MEGOLM
+                and isinstance(sid, str)
+                and isinstance(ciphertext, str)
+            ):
+                items.append(None)  # refused before any decrypt call: nothing to do there
+                continue
+            slot = self._slots.get((room_id, sid))
+            if slot is None:
+                pickle = machine.inbound.worker_pickle(room_id, sid, self._key)
+                if pickle is None:
+                    items.append(None)  # no key: MissingRoomKey, decided by the machine
+                    continue
+                slot = self._slots[(room_id, sid)] = len(self._slots)
+                sessions.append((slot, pickle))
+            items.append((slot, ciphertext))
+        job = Job(None if self._key_sent else self._key, sessions, items)
+        body = _encode(job)
+        try:
+            self._proc.stdin.write(_LEN.pack(len(body)) + body)
+            await self._proc.stdin.drain()
+        except _FAILURES as exc:
+            self._fail("could not be given a chunk", exc)
+            return False
+        self._key_sent = True
+        self._in_flight = len(items)
+        return True
+
+    async def receive(self) -> list[RawDecryption | None] | None:
+        """The results of the chunk sent, one per event; None if the worker failed."""
+        expected = self._in_flight
+        if expected is None:
+            return None
+        try:
+            results = _decode_results(await self._frame())
+            if len(results) != expected:
+                raise ValueError(f"{len(results)} results for {expected} events")
+        except _FAILURES as exc:
+            self._fail("failed", exc)
+            return None
+        self._in_flight = None
+        return results
+
+    async def _close(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        assert proc.stdin is not None
+        proc.stdin.close()  # the child's read ends: it exits
+        try:
+            await asyncio.wait_for(proc.wait(), _CLOSE_S)
+        except TimeoutError:
+            log.warning("the decrypt worker did not exit in %.0f s; killing it", _CLOSE_S)
+            proc.kill()
+            await proc.wait()
+        if self._failed and proc.stderr is not None:
+            said = (await proc.stderr.read()).decode(errors="replace").strip()
+            if said:
+                log.warning("the decrypt worker said: %s", said[-2000:])
+
+
+@asynccontextmanager
+async def decrypt_worker(
+    command: Sequence[str] = (sys.executable, "-I", _SCRIPT),
+) -> AsyncGenerator[DecryptWorker]:
+    """A worker process for the block, stopped (and waited for) when it ends. It starts in
+    the background: `DecryptWorker.usable` says when jobs go to it."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    except OSError as exc:
+        worker = DecryptWorker(None)
+        worker._fail("could not be started", exc)
+        yield worker
+        return
+    worker = DecryptWorker(proc)
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(worker._await_hello(), name="e2ee-decrypt-worker-hello")
+        try:
+            yield worker
+        finally:
+            await worker._close()
