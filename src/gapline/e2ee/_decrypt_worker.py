@@ -62,11 +62,19 @@ class DecryptWorker:
         self._ready = False
         self._failed = False
         self._in_flight: int | None = None  # the size of the job sent and not received
+        self._settled = asyncio.Event()  # the child greeted, or failed to
 
     @property
     def usable(self) -> bool:
         """Ready and not failed: a job sent now is decrypted by the child."""
         return self._ready and not self._failed
+
+    async def started(self) -> bool:
+        """Wait until the child is ready (True) or has failed to start (False). A heal
+        does not wait (it decrypts in-process meanwhile); a caller that must know does."""
+        if self._proc is not None:
+            await self._settled.wait()
+        return self.usable
 
     def _fail(self, what: str, exc: BaseException) -> None:
         if not self._failed:
@@ -86,6 +94,8 @@ class DecryptWorker:
             self._ready = True
         except _FAILURES as exc:
             self._fail("did not start", exc)
+        finally:
+            self._settled.set()
 
     async def _frame(self) -> bytes:
         assert self._proc is not None and self._proc.stdout is not None
@@ -125,8 +135,10 @@ class DecryptWorker:
         job = Job(None if self._key_sent else self._key, sessions, items)
         body = _encode(job)
         try:
+            # Not drained here: the loop hands the frame to the pipe as the child reads
+            # it, while the caller goes on (it writes the last chunk meanwhile). One job
+            # is in flight at a time, so what is buffered stays one chunk's ciphertexts.
             self._proc.stdin.write(_LEN.pack(len(body)) + body)
-            await self._proc.stdin.drain()
         except _FAILURES as exc:
             self._fail("could not be given a chunk", exc)
             return False
