@@ -46,7 +46,7 @@ async def _heal(tmp_path, monkeypatch, *, offload: bool, command=None) -> dict[s
                 answered.append(0 if raw is None else sum(r is not None for r in raw))
                 return raw
 
-            worker.receive = counted  # ty: ignore[invalid-assignment]
+            worker.receive = counted
             yield worker
 
     monkeypatch.setattr(_heal_pass, "decrypt_worker", ready_worker)
