@@ -12,7 +12,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from gapline.e2ee import DecryptedEvent, RefusalCode, UnableToDecrypt, UtdReason, decrypt_worker
+from gapline.e2ee import (
+    DecryptedEvent,
+    DecryptWorkers,
+    RefusalCode,
+    UnableToDecrypt,
+    UtdReason,
+    decrypt_worker,
+)
 from gapline.e2ee._megolm_worker import _LEN, HELLO
 from gapline.matrix import ClientEvent
 
@@ -133,3 +140,34 @@ async def test_a_worker_that_dies_answers_none_and_a_warning(caplog, command) ->
     assert _outcomes(here.machine.decrypt_room_events(room.room_id, batch)) == _outcomes(
         there.machine.decrypt_room_events(room.room_id, batch)
     )
+
+
+async def test_a_kept_worker_forgets_its_sessions_and_is_replaced_once_it_failed(
+    caplog,
+) -> None:
+    """The engine keeps one worker between heals: each heal ends with the child dropping
+    its sessions (the next sends them again), and a worker that died is replaced."""
+    room, (_, there), batch, _ = _scene()
+    caplog.set_level(logging.WARNING, "gapline.e2ee.worker")
+    workers = DecryptWorkers()
+    try:
+        worker = await workers.get()
+        assert await worker.started()
+        for _ in range(2):
+            assert await worker.send(there.machine, room.room_id, batch[1:2])
+            raw = await worker.receive()
+            assert raw is not None and raw[0] is not None and raw[0].plaintext is not None
+            await worker.forget()
+            assert worker._slots == {}
+        assert await workers.get() is worker
+        proc = worker._proc
+        assert proc is not None
+        proc.kill()
+        await proc.wait()
+        if await worker.send(there.machine, room.room_id, batch[1:2]):
+            assert await worker.receive() is None
+        assert worker.failed and "decrypting in this process instead" in caplog.text
+        again = await workers.get()
+        assert again is not worker and await again.started()
+    finally:
+        await workers.aclose()

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
 import pytest
 
-from gapline.e2ee import decrypt_worker
+from gapline.e2ee import DecryptWorker, DecryptWorkers
 from gapline.e2ee._megolm_worker import _LEN, HELLO
-from gapline.history import EventItem, OpenRoom, Set, TimelineChanged, _heal_pass
+from gapline.history import EventItem, OpenRoom, Set, TimelineChanged, _crypto, _heal_pass
 from tests.history.e2ee_support import ROOM, scene
 
 _DIES = (
@@ -27,6 +26,8 @@ _DIES = (
     f"import sys; sys.stdout.buffer.write({_LEN.pack(len(HELLO)) + HELLO!r}); sys.stdout.flush()",
 )
 
+_GET = DecryptWorkers.get  # the real one (each heal below wraps it anew)
+
 
 async def _heal(tmp_path, monkeypatch, *, offload: bool, command=None) -> dict[str, Any]:
     """Ten messages, a replay of one and a ciphertext that does not decode, all retained
@@ -34,11 +35,13 @@ async def _heal(tmp_path, monkeypatch, *, offload: bool, command=None) -> dict[s
     monkeypatch.setattr(_heal_pass, "CHUNK", 3)
     monkeypatch.setattr(_heal_pass, "OFFLOAD_MIN", 1 if offload else 10**9)
     answered: list[int] = []
+    workers: list[DecryptWorker] = []
 
-    @asynccontextmanager
-    async def ready_worker():
-        async with decrypt_worker(*(() if command is None else (command,))) as worker:
-            await worker.started()
+    async def ready_get(self: DecryptWorkers) -> DecryptWorker:
+        worker = await _GET(self)
+        await worker.started()
+        if worker not in workers:
+            workers.append(worker)
             receive = worker.receive
 
             async def counted():
@@ -47,9 +50,11 @@ async def _heal(tmp_path, monkeypatch, *, offload: bool, command=None) -> dict[s
                 return raw
 
             worker.receive = counted
-            yield worker
+        return worker
 
-    monkeypatch.setattr(_heal_pass, "decrypt_worker", ready_worker)
+    monkeypatch.setattr(DecryptWorkers, "get", ready_get)
+    if command is not None:
+        monkeypatch.setattr(_crypto, "DecryptWorkers", lambda: DecryptWorkers(command))
     async with scene(tmp_path) as s:
         await s.join_encrypted_room()
         await s.engine.execute(OpenRoom(ROOM))
@@ -76,7 +81,9 @@ async def _heal(tmp_path, monkeypatch, *, offload: bool, command=None) -> dict[s
             for d in e.diffs
             if isinstance(d, Set) and isinstance(d.value, EventItem)
         ]
-        return {"rows": rows, "sets": sets, "answered": answered}
+        if workers and not workers[-1].failed:
+            assert workers[-1]._slots == {}  # the heal over, the worker holds no session
+        return {"rows": rows, "sets": sets, "answered": answered, "workers": workers}
 
 
 async def test_a_heal_in_the_worker_stores_and_shows_what_one_in_process_does(

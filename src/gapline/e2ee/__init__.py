@@ -26,7 +26,7 @@ from ._cross_signing import (
     CrossSigning,
     CrossSigningBootstrap,
 )
-from ._decrypt_worker import DecryptWorker, decrypt_worker
+from ._decrypt_worker import DecryptWorker, DecryptWorkers, decrypt_worker
 from ._driver import CryptoDriver, SendResult, merge_updates
 from ._errors import (
     CorruptCryptoStore,
@@ -158,6 +158,7 @@ __all__ = [
     "CryptoMachine",
     "CryptoStoreError",
     "DecryptWorker",
+    "DecryptWorkers",
     "DecryptedEvent",
     "DecryptedToDevice",
     "Device",

@@ -15,8 +15,13 @@ child; nothing it holds is ever written to disk.
 The worker is optional: if it cannot start, dies, or answers something unreadable, a
 warning is logged with the cause and the caller decrypts in-process from then on
 (`send` and `receive` say so by returning False / None). Until the child says it is
-ready (it imports vodozemac, tens of milliseconds on a loaded machine) the caller
-decrypts in-process too, so starting it never delays a heal.
+ready (it imports vodozemac, about 0.1 s on a loaded machine) the caller decrypts
+in-process too, so starting it never delays a heal.
+
+`DecryptWorkers` keeps one worker between heals (the engine's: started at the first
+large heal, again after one failed, stopped with the engine), so only the first heal
+pays its start; each heal ends with `DecryptWorker.forget`, and the child holds no key
+between heals.
 """
 
 from __future__ import annotations
@@ -37,11 +42,12 @@ from ._machine import CryptoMachine
 from ._megolm_worker import _LEN, HELLO, Job, RawDecryption
 from ._types import MEGOLM
 
-__all__ = ["DecryptWorker", "decrypt_worker"]
+__all__ = ["DecryptWorker", "DecryptWorkers", "decrypt_worker"]
 
 log = logging.getLogger("gapline.e2ee.worker")
 
 _SCRIPT = str(Path(__file__).with_name("_megolm_worker.py"))
+COMMAND = (sys.executable, "-I", _SCRIPT)
 _CLOSE_S = 5.0  # how long a closed worker may take to exit before it is killed
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -63,6 +69,7 @@ class DecryptWorker:
         self._failed = False
         self._in_flight: int | None = None  # the size of the job sent and not received
         self._settled = asyncio.Event()  # the child greeted, or failed to
+        self._closing = False
 
     @property
     def usable(self) -> bool:
@@ -76,8 +83,12 @@ class DecryptWorker:
             await self._settled.wait()
         return self.usable
 
+    @property
+    def failed(self) -> bool:
+        return self._failed
+
     def _fail(self, what: str, exc: BaseException) -> None:
-        if not self._failed:
+        if not self._failed and not self._closing:
             log.warning(
                 "the decrypt worker %s (%s: %s); decrypting in this process instead",
                 what,
@@ -161,7 +172,26 @@ class DecryptWorker:
         self._in_flight = None
         return results
 
+    async def forget(self) -> None:
+        """The child drops every session it holds (a heal is over): the next heal sends
+        what it needs again. A job still in flight is received (and dropped) first."""
+        if self._in_flight is not None:
+            await self.receive()
+        if not self._slots or not self.usable:
+            return
+        assert self._proc is not None and self._proc.stdin is not None
+        self._slots.clear()
+        body = _encode(Job(None, [], [], forget=True))
+        try:
+            self._proc.stdin.write(_LEN.pack(len(body)) + body)
+        except _FAILURES as exc:
+            self._fail("could not be told to forget its sessions", exc)
+            return
+        self._in_flight = 0
+        await self.receive()
+
     async def _close(self) -> None:
+        self._closing = True
         proc = self._proc
         if proc is None:
             return
@@ -179,28 +209,55 @@ class DecryptWorker:
                 log.warning("the decrypt worker said: %s", said[-2000:])
 
 
+class DecryptWorkers:
+    """The one decrypt worker of an owner (the engine's crypto), kept between heals:
+    started by the first `get`, started again after it failed, stopped by `aclose`."""
+
+    def __init__(self, command: Sequence[str] = COMMAND) -> None:
+        self._command = tuple(command)
+        self._current: DecryptWorker | None = None
+        self._hello: asyncio.Task[None] | None = None  # owned: awaited when it stops
+
+    async def get(self) -> DecryptWorker:
+        """The running worker, or a new one starting (usable once it greets)."""
+        current = self._current
+        if current is not None and not current.failed:
+            return current
+        await self.aclose()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self._command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as exc:
+            worker = DecryptWorker(None)
+            worker._fail("could not be started", exc)
+        else:
+            worker = DecryptWorker(proc)
+            self._hello = asyncio.create_task(
+                worker._await_hello(), name="e2ee-decrypt-worker-hello"
+            )
+        self._current = worker
+        return worker
+
+    async def aclose(self) -> None:
+        """Stop the worker (if any) and wait for it to exit."""
+        worker, hello = self._current, self._hello
+        self._current = self._hello = None
+        if worker is not None:
+            await worker._close()
+        if hello is not None:
+            await hello  # ends once the child's stdout closes
+
+
 @asynccontextmanager
-async def decrypt_worker(
-    command: Sequence[str] = (sys.executable, "-I", _SCRIPT),
-) -> AsyncGenerator[DecryptWorker]:
+async def decrypt_worker(command: Sequence[str] = COMMAND) -> AsyncGenerator[DecryptWorker]:
     """A worker process for the block, stopped (and waited for) when it ends. It starts in
     the background: `DecryptWorker.usable` says when jobs go to it."""
+    workers = DecryptWorkers(command)
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *command,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-    except OSError as exc:
-        worker = DecryptWorker(None)
-        worker._fail("could not be started", exc)
-        yield worker
-        return
-    worker = DecryptWorker(proc)
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(worker._await_hello(), name="e2ee-decrypt-worker-hello")
-        try:
-            yield worker
-        finally:
-            await worker._close()
+        yield await workers.get()
+    finally:
+        await workers.aclose()

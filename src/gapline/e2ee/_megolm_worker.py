@@ -37,11 +37,13 @@ class RawDecryption(msgspec.Struct, array_like=True, frozen=True):
 
 class Job(msgspec.Struct, array_like=True, frozen=True):
     """Sessions to add (slot, pickle) under ``key``, then the items to decrypt: (the
-    session's slot, the ciphertext), or None for an event the worker is not asked about."""
+    session's slot, the ciphertext), or None for an event the worker is not asked about.
+    ``forget``: drop every session held first (a heal ended; its keys go with it)."""
 
     key: bytes | None
     sessions: list[tuple[int, str]]
     items: list[tuple[int, str] | None]
+    forget: bool = False
 
 
 HELLO = b"ready"
@@ -86,6 +88,8 @@ def serve(inp: BinaryIO, out: BinaryIO) -> None:
     write_frame(out, HELLO)
     while (frame := read_frame(inp)) is not None:
         job = _decode_job(frame)
+        if job.forget:
+            sessions.clear()
         if job.key is not None:
             key = job.key
         for slot, pickle in job.sessions:

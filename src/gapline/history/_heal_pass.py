@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Awaitable, Callable, Generator, Iterable
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
-from gapline.e2ee import DecryptedEvent, DecryptWorker, RoomKeyId, decrypt_worker, save_changes
+from gapline.e2ee import DecryptedEvent, DecryptWorker, RoomKeyId, save_changes
 from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
 from gapline.history._crypto import BATCH, EngineCrypto
@@ -49,9 +49,9 @@ __all__ = ["CHUNK", "OFFLOAD_MIN", "heal_sessions"]
 
 
 CHUNK = 500
-# A heal of this many rows or more decrypts in a worker process beside this one (see
-# `gapline.e2ee.DecryptWorker`); fewer cost tens of milliseconds in-process, less than
-# starting the worker.
+# A heal of this many rows or more decrypts in a worker process beside this one (the
+# crypto's `gapline.e2ee.DecryptWorkers`, kept between heals); fewer cost tens of
+# milliseconds in-process, less than handing them over.
 OFFLOAD_MIN = 1000
 
 _Chunk = tuple[list[tuple[StoredEvent, bytes, bytes]], list[tuple[bytes, bytes]]]
@@ -92,10 +92,14 @@ async def heal_sessions(
             if plan is not None:
                 plans.append((room_id, plan))
         large = sum(len(plan.rows) for _, plan in plans) >= OFFLOAD_MIN
-        async with decrypt_worker() if large else nullcontext() as worker:
+        worker = await crypto.decrypt_workers.get() if large else None
+        try:
             for room_id, plan in plans:
                 if await _heal_room(store, crypto, commits, plan, room_id, flush, worker):
                     changed.append(room_id)
+        finally:
+            if worker is not None:
+                await worker.forget()  # the worker keeps no key between heals
     return changed
 
 
