@@ -87,6 +87,11 @@ class DecryptWorker:
     def failed(self) -> bool:
         return self._failed
 
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None if it never started): for measuring its CPU."""
+        return None if self._proc is None else self._proc.pid
+
     def _fail(self, what: str, exc: BaseException) -> None:
         if not self._failed and not self._closing:
             log.warning(
@@ -241,6 +246,11 @@ class DecryptWorkers:
             )
         self._current = worker
         return worker
+
+    @property
+    def current(self) -> DecryptWorker | None:
+        """The worker started last, if it was not stopped."""
+        return self._current
 
     async def aclose(self) -> None:
         """Stop the worker (if any) and wait for it to exit."""
