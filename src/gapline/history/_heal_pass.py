@@ -15,6 +15,11 @@ the GIL at every row, and each wait costs more than the row's work: measured
 at load 2-4, a heal whose next chunk was read and whose last chunk was written
 while the loop decrypted took 3.1-3.3x the bare decrypt calls, and its reads
 three times the CPU time they take alone; one step after the other, 2.0-2.1x.
+A heal of :data:`OFFLOAD_MIN` rows or more hands its vodozemac calls to the crypto's
+worker process (`gapline.e2ee.DecryptWorkers`), which runs on another core: while it
+decrypts the next chunk this process checks, writes and shows this one. Every check
+stays in the machine, so the rows are the same either way; until the worker is ready,
+or if it fails, chunks decrypt here.
 Python's cyclic collector is paused for the pass: thousands of events
 and their results are alive at once and would make it walk the heap several
 times for nothing (none of these objects form cycles).
@@ -126,11 +131,14 @@ async def _heal_room(
         events = [s.event for s, _, _ in chunk[0]]
         return worker is not None and await worker.send(driver.machine, room_id, events)
 
-    upcoming = await read(chunks[0]) if chunks else None
-    sent = upcoming is not None and await send(upcoming)
+    upcoming: _Chunk | None = None
+    sent = False
     for i in range(len(chunks)):
-        assert upcoming is not None
+        if upcoming is None:
+            upcoming = await read(chunks[i])
+            sent = await send(upcoming)
         retained, stale = upcoming
+        upcoming = None
         raw = await worker.receive() if sent and worker is not None else None
         results = await driver.decrypt_room_events(
             room_id, [s.event for s, _, _ in retained], batch=BATCH, raw=raw
@@ -141,12 +149,14 @@ async def _heal_room(
                 healed.append(StoredEvent(s.ord, s.pos, as_cached(s.event, r), s.sender_name))
                 entries.append((event, skey))
         changes = crypto.take_changes()
-        # The next chunk is read (and handed to the worker) before this one is written,
-        # so its decryption runs beside this write and the diffs' delivery. The rows
-        # differ and a write touches only its own chunk's, so the read sees what it would
-        # after the write; the steps of this process still run one after the other.
-        upcoming = await read(chunks[i + 1]) if i + 1 < len(chunks) else None
-        sent = upcoming is not None and await send(upcoming)
+        if i + 1 < len(chunks) and worker is not None and worker.usable:
+            # The next chunk is read and handed to the worker before this one is
+            # written, so its decryption runs beside this write and the diffs' delivery.
+            # The rows differ and a write touches only its own chunk's, so the read sees
+            # what it would after the write; this process's steps stay one after the
+            # other. In-process there is nothing to overlap: the read follows the write.
+            upcoming = await read(chunks[i + 1])
+            sent = await send(upcoming)
 
         def op(
             tx: Tx, healed=healed, entries=entries, stale=stale, changes=changes
