@@ -10,7 +10,9 @@ In each, ``--clients`` sender clients (own account and device session each; firs
 over HTTP keep-alive, then again over one WebSocket each) send pre-sealed messages (with sender boxes, so each send appends two
 timeline records) to one shared recipient account as fast as the relay answers. A
 send counts once its HTTP 200 arrived, i.e. after the durable commit. Client-side
-sealing is done before the clock starts.
+sealing is done before the clock starts, for ``--preseal-rate`` sends a second
+(``presealed_exhausted`` says when the senders ran out and the rate is over the
+time they were sending).
 
 Latency probe (running during the load): a recipient with a WebSocket session on the
 first process; a probe sender on the last process sends one message every
@@ -33,7 +35,7 @@ users in one room each sending ``m.room.message`` as fast as Synapse answers.
 Abuse (``abuse`` key): see "the relay under abuse" below.
 
     python bench/relay.py [--quick] [--seconds S] [--clients N] [--no-postgres] [--no-synapse]
-        [--no-abuse] [--abuse-seconds S] [--slow-clients N]
+        [--no-abuse] [--abuse-seconds S] [--slow-clients N] [--preseal-rate N]
 """
 
 from __future__ import annotations
