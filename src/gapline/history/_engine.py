@@ -6,9 +6,10 @@
         answer = await engine.execute(OpenRoom("!r:example.org"))
         items = engine.timeline("!r:example.org").state.items
 
-:class:`Engine` is the facade: it opens the store, owns the tasks, keeps the
-open rooms and dispatches commands. The work lives beside it:
+:class:`Engine` is the facade: it opens the store, owns the tasks and
+dispatches commands. The work lives beside it:
 
+- ``_open_rooms``: the open rooms (opening, closing, cancelling, reloading);
 - ``_operations``: each room's one operation slot, and how cancelling an
   operation becomes its published outcome;
 - ``_walks``: the operations themselves (recent load, fill, back-pagination);
@@ -52,6 +53,7 @@ from gapline.history._cache_store import CacheStore, Cipher
 from gapline.history._commits import Commits
 from gapline.history._crypto import EngineCrypto
 from gapline.history._joining import Joining, MembershipCommand
+from gapline.history._open_rooms import OpenRooms
 from gapline.history._operations import Operations, Room
 from gapline.history._quotes import Quotes
 from gapline.history._send_queue import SendQueue
@@ -76,13 +78,10 @@ from gapline.history._types import (
     Interrupted,
     Invalid,
     MarkRead,
-    Member,
-    MembersChanged,
     Ok,
     OpenRoom,
     OpenThread,
     PaginateBackwards,
-    RecentHistoryChanged,
     RecentHistoryState,
     RedactEvent,
     RetryRecent,
@@ -93,7 +92,6 @@ from gapline.history._types import (
     SetTyping,
     ShrinkTimeline,
     Shutdown,
-    TypingChanged,
 )
 from gapline.history._upgrade import finish_upgrades
 from gapline.history._verifying import VerifyCommand, Verifying
@@ -164,6 +162,18 @@ class Engine:
             crypto=self.crypto,
         )
         self._verifying = None if self.crypto is None else Verifying(self.crypto, publish, tg)
+        self._quotes = Quotes(client, self._commits, tg, self.flush_history, crypto=self.crypto)
+        self._open_rooms = OpenRooms(
+            self._rooms,
+            store=store,
+            config=config,
+            publish=publish,
+            operations=self._operations,
+            walks=self._walks,
+            quotes=self._quotes,
+            backup=self.backup_fetch,
+            joined=lambda: self._sync.joined,
+        )
         self._sync = Sync(
             store,
             client,
@@ -171,12 +181,11 @@ class Engine:
             self.flush_history,
             timeline_limit=sync_timeline_limit,
             timeout_ms=sync_timeout_ms,
-            typing=self._typing,
+            typing=self._open_rooms.typing,
             crypto=self.crypto,
             after_ingest=self._synced,
             verifying=self._verifying,
         )
-        self._quotes = Quotes(client, self._commits, tg, self.flush_history, crypto=self.crypto)
         self._sending = Sending(store, client, self._commits, self.flush_history, self._send_queue)
         self._threads = Threads(
             store=store,
@@ -185,11 +194,11 @@ class Engine:
             publish=publish,
             commits=self._commits,
             walks=self._walks,
-            on_quotes=self._quotes_wanted,
+            on_quotes=self._open_rooms.quotes_wanted,
             crypto=self.crypto,
         )
         self._joining = Joining(
-            client, joined=self._note_joined, left=self._note_left, close=self._close_room
+            client, joined=self._note_joined, left=self._note_left, close=self._open_rooms.close
         )
         store.me = None if client is None else client.user_id
         self._sync_task: asyncio.Task[None] | None = None
@@ -305,7 +314,7 @@ class Engine:
             return
         self._closed = True
         for room_id in list(self._rooms):
-            await self._close_room(room_id)
+            await self._open_rooms.close(room_id)
         for task in (self._sync_task, self._send_task, self._fetch_task):
             if task is not None:
                 task.cancel()
@@ -344,7 +353,7 @@ class Engine:
         }
 
     def is_open(self, room_id: str) -> bool:
-        return self._open(room_id) is not None
+        return self._open_rooms.get(room_id) is not None
 
     def recent_state(self, room_id: str) -> RecentHistoryState:
         room = self._rooms.get(room_id)
@@ -413,7 +422,7 @@ class Engine:
     async def wait_idle(self, room_id: str, thread_root: str | None = None) -> None:
         """Wait until the open room's (or thread's) running operation, if any, settled
         (tests, tools: a thread's recent load runs in the background like a room's)."""
-        room = self._open(room_id, thread_root)
+        room = self._open_rooms.get(room_id, thread_root)
         while room is not None and room.op is not None:
             op = room.op
             await op.launched.wait()
@@ -449,24 +458,26 @@ class Engine:
             return Ok() if isinstance(command, Shutdown) else Interrupted()
         match command:
             case OpenRoom(room_id=room_id):
-                return await self._open_room(room_id)
+                return await self._open_rooms.open(room_id)
             case CloseRoom(room_id=room_id):
-                if self._open(room_id) is None:
+                if self._open_rooms.get(room_id) is None:
                     return RoomNotOpen()
-                await self._close_room(room_id)
+                await self._open_rooms.close(room_id)
                 return Ok()
             case HistoryRepair(command=FillGap(room_id=room_id, gap_id=gap_id)):
-                room = self._open(room_id)
+                room = self._open_rooms.get(room_id)
                 if room is None:
                     return RoomNotOpen()
-                return await self._walks.fill_gap(await self._gap_holder(room, gap_id), gap_id)
+                return await self._walks.fill_gap(
+                    await self._open_rooms.gap_holder(room, gap_id), gap_id
+                )
             case HistoryRepair(command=RetryRecent(room_id=room_id)):
-                room = self._open(room_id)
+                room = self._open_rooms.get(room_id)
                 return RoomNotOpen() if room is None else await self._walks.retry_recent(room)
             case HistoryRepair(command=Cancel(room_id=room_id)):
-                return await self._cancel(room_id)
+                return await self._open_rooms.cancel(room_id, self.flush_history)
             case PaginateBackwards(room_id=room_id, count=count, thread_root=root):
-                room = self._open(room_id, root)
+                room = self._open_rooms.get(room_id, root)
                 return RoomNotOpen() if room is None else await self._walks.paginate(room, count)
             case (
                 SendMessage()
@@ -484,11 +495,11 @@ class Engine:
             case _ if isinstance(command, MembershipCommand):
                 return await self._joining.execute(command)
             case OpenThread(room_id=room_id, thread_root=root):
-                room = self._open(room_id)
+                room = self._open_rooms.get(room_id)
                 return RoomNotOpen() if room is None else await self._threads.open(room, root)
             case ShrinkTimeline(room_id=room_id, thread_root=root):
-                room = self._open(room_id, root)
-                return RoomNotOpen() if room is None else await self._reload(room)
+                room = self._open_rooms.get(room_id, root)
+                return RoomNotOpen() if room is None else await self._open_rooms.reload(room)
             case Shutdown():
                 await self._shutdown()
                 return Ok()
@@ -504,76 +515,6 @@ class Engine:
 
     # -- rooms -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _room_id_problem(room_id: str) -> str | None:
-        # Room version 12 ids carry no server name ("!hash"), so only the sigil is checked.
-        if not isinstance(room_id, str) or not room_id.startswith("!") or len(room_id) < 2:
-            return f"not a Matrix room id: {room_id!r} (expected !opaque or !opaque:server)"
-        return None
-
-    async def _open_room(self, room_id: str) -> Answer:
-        problem = self._room_id_problem(room_id)
-        if problem is not None:
-            return Invalid(problem)
-        if room_id in self._rooms:
-            return Ok()
-        # Register the timeline before reading the window: a commit landing between
-        # the read and the reset then queues its updates here, and applying them
-        # after the reset is idempotent for what the read already saw.
-        timeline = Timeline(
-            room_id,
-            self._publish,
-            max_rows=self.config.timeline_window,
-            on_quotes=self._quotes_wanted(room_id),
-        )
-        room = Room(room_id, timeline, opening=True)
-        self._rooms[room_id] = room
-        try:
-            window = await self.store.load_window(room_id, self.config.open_window)
-        except BaseException:
-            self._rooms.pop(room_id, None)
-            raise
-        joined = self._sync.joined
-        if not window.known and joined is not None and room_id not in joined:
-            self._rooms.pop(room_id, None)
-            return Failed(f"unknown room {room_id}: this account has not joined it")
-        reset = timeline.reset(window, self.config.open_window)
-        await self._publish(reset)
-        room.opening = False
-        await timeline.flush_history()
-        members = await self.store.members(room_id)
-        if members:
-            await timeline.publish_event(
-                MembersChanged(
-                    room_id,
-                    tuple(Member(user_id=m.user_id, display_name=m.display_name,
-                                 membership=m.membership) for m in members),
-                )
-            )  # fmt: skip
-        timeline.note_quotes()
-        # The recent load starts only after the reset is out: opening never waits on it.
-        await self._walks.start_recent(room)
-        if self.backup_fetch is not None:
-            self.backup_fetch.opened(room_id)
-        return Ok()
-
-    def _open(self, room_id: str, thread_root: str | None = None) -> Room | None:
-        """The room (or its open thread) if it is open (and done opening)."""
-        room = self._rooms.get(room_id)
-        if room is not None and thread_root is not None:
-            room = room.threads.get(thread_root)
-        return None if room is None or room.opening else room
-
-    async def _gap_holder(self, room: Room, gap_id: str) -> Room:
-        """The room, or the open thread of it, whose timeline holds ``gap_id``."""
-        for thread in list(room.threads.values()):
-            if await self.store.gap(room.room_id, gap_id, thread_root=thread.thread_root):
-                return thread
-        return room
-
-    def _quotes_wanted(self, room_id: str):
-        return lambda event_ids: self._quotes.want(room_id, event_ids)
-
     def _note_joined(self, room_id: str) -> None:
         """A join the server made: the room opens before the next sync reports it."""
         if self._sync.joined is not None:
@@ -583,55 +524,12 @@ class Engine:
         if self._sync.joined is not None:
             self._sync.joined.discard(room_id)
 
-    async def _typing(self, room_id: str, users: tuple[str, ...]) -> None:
-        room = self._open(room_id)
-        if room is not None:
-            others = tuple(sorted(u for u in users if u != self.store.me))
-            await room.timeline.publish_event(TypingChanged(room_id, others))
-
-    async def _reload(self, room: Room) -> Answer:
-        """``ShrinkTimeline``: the newest window again, as one ``Reset`` diff."""
-        limit = self.config.open_window
-        await room.timeline.reload(
-            lambda: self.store.load_window(room.room_id, limit, thread_root=room.thread_root),
-            limit,
-        )
-        return Ok()
-
-    async def _close_room(self, room_id: str) -> None:
-        room = self._rooms.get(room_id)
-        if room is None:
-            return
-        for thread in list(room.threads.values()):
-            await self._operations.stop(thread)
-        await self._operations.stop(room)
-        await self._quotes.forget(room_id)
-        if self.backup_fetch is not None:
-            self.backup_fetch.closed(room_id)
-        self._rooms.pop(room_id, None)
-        room.recent = RecentHistoryState.IDLE
-        for thread in list(room.threads.values()):
-            thread.timeline.closed = True
-        await room.timeline.close(
-            lambda: self._publish(RecentHistoryChanged(room_id, RecentHistoryState.IDLE))
-        )
-
-    async def _cancel(self, room_id: str) -> Answer:
-        room = self._open(room_id)
-        if room is None:
-            return RoomNotOpen()
-        for thread in list(room.threads.values()):
-            await self._operations.stop(thread)
-        await self._operations.stop(room)
-        await self.flush_history(room_id)
-        return Ok()
-
     # -- writing ---------------------------------------------------------------------------
 
     async def _write(
         self, command: SendMessage | SendReaction | RedactEvent | EditMessage | MarkRead | SetTyping
     ) -> Answer:
-        if self._open(command.room_id) is None:
+        if self._open_rooms.get(command.room_id) is None:
             return RoomNotOpen()
         match command:
             case SendMessage():
