@@ -165,7 +165,12 @@ async def flood_until_stdin_closes(port: int) -> None:
 
 
 async def run_abuse_scenario(
-    proc: RelayProcess, *, clients: int, seconds: float, slow_clients: int
+    proc: RelayProcess,
+    *,
+    clients: int,
+    seconds: float,
+    slow_clients: int,
+    preseal_rate: int = 3500,
 ) -> dict[str, Any]:
     pid = proc.proc.pid
     port = int(urllib.parse.urlsplit(proc.url).port or 80)
@@ -179,7 +184,7 @@ async def run_abuse_scenario(
             await relay.publish(s)
         tokens = [await relay.login(s) for s in senders]
         phases = range(6)  # warm-up, alone, slow clients, alone, flood, alone
-        per_client = max(20, int(seconds * 3500 / clients) + 20)
+        per_client = max(20, int(seconds * preseal_rate / clients) + 20)
         log(f"  abuse: sealing {per_client * clients * len(phases)} messages ...")
         raw = [RawSender(relay.url, t) for t in tokens]
         queues = [
@@ -330,6 +335,7 @@ async def run_abuse(args: argparse.Namespace) -> dict[str, Any]:
             clients=min(args.clients, 32),
             seconds=args.abuse_seconds,
             slow_clients=args.slow_clients,
+            **({} if args.preseal_rate is None else {"preseal_rate": args.preseal_rate}),
         )
 
 

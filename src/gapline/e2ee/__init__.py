@@ -26,6 +26,7 @@ from ._cross_signing import (
     CrossSigning,
     CrossSigningBootstrap,
 )
+from ._decrypt_worker import DecryptWorker, DecryptWorkers, decrypt_worker
 from ._driver import CryptoDriver, SendResult, merge_updates
 from ._errors import (
     CorruptCryptoStore,
@@ -65,6 +66,7 @@ from ._key_export import (
     import_room_keys,
 )
 from ._machine import CryptoMachine
+from ._megolm_worker import RawDecryption
 from ._open import open_machine
 from ._recovery import (
     RECOVERABLE_SECRETS,
@@ -155,6 +157,8 @@ __all__ = [
     "CryptoDriver",
     "CryptoMachine",
     "CryptoStoreError",
+    "DecryptWorker",
+    "DecryptWorkers",
     "DecryptedEvent",
     "DecryptedToDevice",
     "Device",
@@ -169,6 +173,7 @@ __all__ = [
     "KeyExportProblem",
     "KeyUpdates",
     "OutgoingRequest",
+    "RawDecryption",
     "RecoveryKeyInvalid",
     "RecoverySetup",
     "Refusal",
@@ -204,6 +209,7 @@ __all__ = [
     "canonical_json",
     "decode_recovery_key",
     "decrypt_key_file",
+    "decrypt_worker",
     "enable_backup",
     "encode_recovery_key",
     "encrypt_key_file",

@@ -27,6 +27,7 @@ from gapline.matrix import ClientEvent, MatrixClient, MatrixError
 from gapline.storage import Backend, Tx
 
 from ._machine import CryptoMachine, _wall_ms
+from ._megolm_worker import RawDecryption
 from ._open import open_machine
 from ._store import save_changes
 from ._types import (
@@ -188,13 +189,22 @@ class CryptoDriver:
         return encrypted
 
     async def decrypt_room_events(
-        self, room_id: str, events: Sequence[ClientEvent], *, batch: int = 64
+        self,
+        room_id: str,
+        events: Sequence[ClientEvent],
+        *,
+        batch: int = 64,
+        raw: Sequence[RawDecryption | None] | None = None,
     ) -> list[DecryptedEvent | UnableToDecrypt]:
         """Decrypt in batches, yielding to the event loop between them. The seen-index
-        rows this adds are committed by the caller's next `commit` (with its events)."""
+        rows this adds are committed by the caller's next `commit` (with its events).
+        ``raw``: a decrypt worker's vodozemac results for these events (`DecryptWorker`),
+        checked here as the machine checks its own."""
         out: list[DecryptedEvent | UnableToDecrypt] = []
         for start in range(0, len(events), batch):
-            out.extend(self._machine.decrypt_room_events(room_id, events[start : start + batch]))
+            end = start + batch
+            part = None if raw is None else raw[start:end]
+            out.extend(self._machine.decrypt_room_events(room_id, events[start:end], raw=part))
             if start + batch < len(events):
                 await asyncio.sleep(0)
         return out

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,6 +34,7 @@ import vodozemac
 from gapline.matrix import ClientEvent
 
 from ._changes import ChangeBuilder, InboundSessionRecord, SeenRecord, WithheldRecord
+from ._megolm_worker import RawDecryption, decrypt_one
 from ._secrets import CryptoKeys
 from ._types import (
     MEGOLM,
@@ -172,6 +173,12 @@ class InboundGroupSessions:
             return None
         return replace(entry.key, session_key=exported.to_base64()), entry.first_known_index
 
+    def worker_pickle(self, room_id: str, session_id: str, key: bytes) -> str | None:
+        """The session pickled under ``key`` (a worker's own, never stored), for the
+        worker process that decrypts a large heal beside this one."""
+        entry = self._sessions.get((room_id, session_id))
+        return None if entry is None else entry.session.pickle(key)
+
     # -- receiving keys ---------------------------------------------------------------------------
 
     def add(self, key: RoomKey) -> bool | Refusal:
@@ -234,17 +241,24 @@ class InboundGroupSessions:
         return self.decrypt_many(room_id, (event,))[0]
 
     def decrypt_many(
-        self, room_id: str, events: Iterable[ClientEvent]
+        self,
+        room_id: str,
+        events: Iterable[ClientEvent],
+        raw: Sequence[RawDecryption | None] | None = None,
     ) -> list[DecryptedEvent | UnableToDecrypt]:
         """Decrypt a room's events in order. A session is looked up and its sender's trust
         worked out once per call (a heal is thousands of events of one session), and
-        nothing but the checks runs per event."""
+        nothing but the checks runs per event.
+
+        ``raw``, one per event, holds the vodozemac results another process made with a
+        copy of the session (`worker_pickle`); None (or no entry) means the call is made
+        here. Every check is the same either way: only where the call ran differs."""
         sessions: dict[str, tuple[_Inbound, TrustLevel] | None] = {}
         seen_of = self._seen
         digest = self._keys.event_digest
         out: list[DecryptedEvent | UnableToDecrypt] = []
         append = out.append
-        for event in events:
+        for position, event in enumerate(events):
             content = event.content
             sid = content.get("session_id")
             if not isinstance(sid, str):
@@ -297,21 +311,22 @@ class InboundGroupSessions:
                     )
                 )
                 continue
-            try:
-                message = vodozemac.MegolmMessage.from_base64(ciphertext)
-            except (vodozemac.DecodeException, ValueError) as exc:
+            got = None if raw is None else raw[position]
+            if got is None:
+                got = decrypt_one(entry.session, ciphertext)
+            index = got.index
+            if index < 0:
                 append(
                     _utd(
                         event,
                         room_id,
                         sid,
                         UtdReason.MALFORMED,
-                        f"ciphertext does not decode: {exc}",
+                        f"ciphertext does not decode: {got.error}",
                         RefusalCode.MALFORMED,
                     )
                 )
                 continue
-            index = message.message_index()
             if index < entry.first_known_index:
                 append(
                     _utd(
@@ -323,16 +338,14 @@ class InboundGroupSessions:
                     )
                 )
                 continue
-            try:
-                decrypted = entry.session.decrypt(message)
-            except vodozemac.MegolmDecryptionException as exc:
+            if got.plaintext is None:
                 append(
                     _utd(
                         event,
                         room_id,
                         sid,
                         UtdReason.MALFORMED,
-                        f"Megolm decryption failed: {exc}",
+                        f"Megolm decryption failed: {got.error}",
                         RefusalCode.MALFORMED,
                     )
                 )
@@ -353,7 +366,7 @@ class InboundGroupSessions:
                     )
                 )
                 continue
-            result = self._checked(event, room_id, entry, trust, index, decrypted.plaintext)
+            result = self._checked(event, room_id, entry, trust, index, got.plaintext)
             if first is None and isinstance(result, DecryptedEvent):
                 seen[index] = mine
                 self._new_seen.append(SeenRecord(sid, index, mine))

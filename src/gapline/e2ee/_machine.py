@@ -32,7 +32,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -60,6 +60,7 @@ from ._errors import (
     WrongStoreKey,
 )
 from ._inbound import InboundGroupSessions
+from ._megolm_worker import RawDecryption
 from ._olm import OlmSessions
 from ._outbound import GroupSessionManager
 from ._parts import Parts
@@ -306,9 +307,15 @@ class CryptoMachine:
         return apply_policy(self.sharing, self.inbound.decrypt(room_id, event))
 
     def decrypt_room_events(
-        self, room_id: str, events: Iterable[ClientEvent]
+        self,
+        room_id: str,
+        events: Iterable[ClientEvent],
+        *,
+        raw: Sequence[RawDecryption | None] | None = None,
     ) -> list[DecryptedEvent | UnableToDecrypt]:
-        results = self.inbound.decrypt_many(room_id, events)
+        """``raw``: the vodozemac results of a decrypt worker, one per event (see
+        `InboundGroupSessions.decrypt_many`)."""
+        results = self.inbound.decrypt_many(room_id, events, raw)
         policy = self.sharing
         if policy is SharingPolicy.ALL_DEVICES:
             return results

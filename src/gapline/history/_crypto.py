@@ -39,6 +39,7 @@ from gapline.e2ee import (
     SELF_SIGNING_SECRET,
     Changes,
     CryptoDriver,
+    DecryptWorkers,
     KeyUpdates,
     RestoreReport,
     enable_backup,
@@ -73,6 +74,9 @@ class EngineCrypto:
         self._store_key = store.cipher.lookup_key(STORE_KEY_LABEL)
         self.driver: CryptoDriver | None = None
         self._opening = asyncio.Lock()
+        # The worker process a large heal decrypts in (`_heal_pass`): started at the
+        # first, kept until `close`.
+        self.decrypt_workers = DecryptWorkers()
         self.lock = asyncio.Lock()
         """Held by each step that takes the machine's changes to commit them with their
         cause (a sync), or sends its requests (key sharing, uploads): two such steps
@@ -103,6 +107,10 @@ class EngineCrypto:
                 self.driver = await CryptoDriver.open(backend, client, self._store_key)
                 await self.send_outgoing()  # device keys and one-time keys, when new
         return self.driver
+
+    async def close(self) -> None:
+        """Stop what runs beside the engine for the crypto (the decrypt worker)."""
+        await self.decrypt_workers.aclose()
 
     @property
     def ready(self) -> bool:

@@ -323,6 +323,8 @@ class Engine:
         if self._verifying is not None:
             await self._verifying.close()
         await self._commits.drain()
+        if self.crypto is not None:
+            await self.crypto.close()
 
     # -- public surface --------------------------------------------------------------------
 

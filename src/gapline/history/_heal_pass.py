@@ -15,6 +15,11 @@ the GIL at every row, and each wait costs more than the row's work: measured
 at load 2-4, a heal whose next chunk was read and whose last chunk was written
 while the loop decrypted took 3.1-3.3x the bare decrypt calls, and its reads
 three times the CPU time they take alone; one step after the other, 2.0-2.1x.
+A heal of :data:`OFFLOAD_MIN` rows or more hands its vodozemac calls to the crypto's
+worker process (`gapline.e2ee.DecryptWorkers`), which runs on another core: while it
+decrypts the next chunk this process checks, writes and shows this one. Every check
+stays in the machine, so the rows are the same either way; until the worker is ready,
+or if it fails, chunks decrypt here.
 Python's cyclic collector is paused for the pass: thousands of events
 and their results are alive at once and would make it walk the heap several
 times for nothing (none of these objects form cycles).
@@ -28,7 +33,7 @@ import gc
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from contextlib import contextmanager
 
-from gapline.e2ee import DecryptedEvent, RoomKeyId, save_changes
+from gapline.e2ee import DecryptedEvent, DecryptWorker, RoomKeyId, save_changes
 from gapline.history._cache_store import CacheStore
 from gapline.history._commits import Commits
 from gapline.history._crypto import BATCH, EngineCrypto
@@ -45,10 +50,14 @@ from gapline.history._healing import (
 from gapline.history._updates import StoredEvent, Update
 from gapline.storage import Tx
 
-__all__ = ["CHUNK", "heal_sessions"]
+__all__ = ["CHUNK", "OFFLOAD_MIN", "heal_sessions"]
 
 
 CHUNK = 500
+# A heal of this many rows or more decrypts in a worker process beside this one (the
+# crypto's `gapline.e2ee.DecryptWorkers`, kept between heals); fewer cost tens of
+# milliseconds in-process, less than handing them over.
+OFFLOAD_MIN = 1000
 
 _Chunk = tuple[list[tuple[StoredEvent, bytes, bytes]], list[tuple[bytes, bytes]]]
 
@@ -80,12 +89,22 @@ async def heal_sessions(
         return []
     changed: list[str] = []
     with collector_paused():
+        plans: list[tuple[str, PendingHeal]] = []
         for room_id, sessions in by_room.items():
             plan = await store.backend.read(
                 lambda tx, r=room_id, s=sessions: pending_heal(store, tx, r, s)
             )
-            if plan is not None and await _heal_room(store, crypto, commits, plan, room_id, flush):
-                changed.append(room_id)
+            if plan is not None:
+                plans.append((room_id, plan))
+        large = sum(len(plan.rows) for _, plan in plans) >= OFFLOAD_MIN
+        worker = await crypto.decrypt_workers.get() if large else None
+        try:
+            for room_id, plan in plans:
+                if await _heal_room(store, crypto, commits, plan, room_id, flush, worker):
+                    changed.append(room_id)
+        finally:
+            if worker is not None:
+                await worker.forget()  # the worker keeps no key between heals
     return changed
 
 
@@ -96,18 +115,33 @@ async def _heal_room(
     plan: PendingHeal,
     room_id: str,
     flush: Callable[[str], Awaitable[None]],
+    worker: DecryptWorker | None,
 ) -> bool:
     driver = crypto.driver
     assert driver is not None
     room = plan.room
     healed_any = False
-    for i in range(0, len(plan.rows), CHUNK):
-        rows = plan.rows[i : i + CHUNK]
-        retained, stale = await store.backend.read(
-            lambda tx, rows=rows: retained_chunk(store, tx, room, rows)
-        )
+    chunks = [plan.rows[i : i + CHUNK] for i in range(0, len(plan.rows), CHUNK)]
+
+    async def read(rows: list[tuple[int, int, bytes, bytes]]) -> _Chunk:
+        return await store.backend.read(lambda tx: retained_chunk(store, tx, room, rows))
+
+    async def send(chunk: _Chunk) -> bool:
+        """The chunk to the worker, if there is one and it is ready."""
+        events = [s.event for s, _, _ in chunk[0]]
+        return worker is not None and await worker.send(driver.machine, room_id, events)
+
+    upcoming: _Chunk | None = None
+    sent = False
+    for i in range(len(chunks)):
+        if upcoming is None:
+            upcoming = await read(chunks[i])
+            sent = await send(upcoming)
+        retained, stale = upcoming
+        upcoming = None
+        raw = await worker.receive() if sent and worker is not None else None
         results = await driver.decrypt_room_events(
-            room_id, [s.event for s, _, _ in retained], batch=BATCH
+            room_id, [s.event for s, _, _ in retained], batch=BATCH, raw=raw
         )
         healed, entries = [], []
         for (s, event, skey), r in zip(retained, results, strict=True):
@@ -115,6 +149,14 @@ async def _heal_room(
                 healed.append(StoredEvent(s.ord, s.pos, as_cached(s.event, r), s.sender_name))
                 entries.append((event, skey))
         changes = crypto.take_changes()
+        if i + 1 < len(chunks) and worker is not None and worker.usable:
+            # The next chunk is read and handed to the worker before this one is
+            # written, so its decryption runs beside this write and the diffs' delivery.
+            # The rows differ and a write touches only its own chunk's, so the read sees
+            # what it would after the write; this process's steps stay one after the
+            # other. In-process there is nothing to overlap: the read follows the write.
+            upcoming = await read(chunks[i + 1])
+            sent = await send(upcoming)
 
         def op(
             tx: Tx, healed=healed, entries=entries, stale=stale, changes=changes
@@ -127,7 +169,7 @@ async def _heal_room(
         await commits.run(op)
         if healed:
             healed_any = True
-            await flush(room_id)  # this chunk's rows shown before the next one is read
+            await flush(room_id)  # this chunk's rows shown before the next one is checked
     if plan.detached or plan.gone:
         healed_any |= await _heal_detached(store, crypto, commits, plan, room_id)
         await flush(room_id)
