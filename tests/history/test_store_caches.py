@@ -13,8 +13,9 @@ import pytest
 
 from gapline.history import EngineConfig, FillGap, HistoryRepair
 from gapline.history._cache_store import CacheStore
-from gapline.history._sections import Sections
-from gapline.history._updates import EventsAdded, MemberRecord, MembersUpdated
+from gapline.history._sections import Sections, WalkState
+from gapline.history._types import GapLifecycle
+from gapline.history._updates import EventsAdded, GapAdded, MemberRecord, MembersUpdated
 from gapline.matrix import ClientEvent
 from tests.history.cache_contract import open_cache
 from tests.history.relations_support import make_world, open_settled, reader, rows
@@ -233,3 +234,42 @@ async def test_a_reaction_reaches_its_target_in_a_later_transaction_and_after_a_
         assert [r.key for r in placed_item(sections, "$m9").reactions] == ["+1"]
     finally:
         await again.backend.close()
+
+
+async def limited_room(store: CacheStore) -> str:
+    """Three events, then a limited sync of three newer ones: the gap between them."""
+    await sync(store, [said(1), said(2), said(3)])
+
+    def op(tx: Any) -> str:
+        sections = Sections(store, tx, ROOM)
+        sections.ingest_sync([said(10), said(11), said(12)], limited=True, prev_batch="p1")
+        [added] = [u for u in sections.updates if isinstance(u, GapAdded)]
+        return added.gap.gap_id
+
+    return await store.backend.write(op)
+
+
+async def page(store: CacheStore, state: WalkState, chunk: list[ClientEvent], end: str) -> Any:
+    return await store.backend.write(
+        lambda tx: Sections(store, tx, ROOM).walk_page(state, chunk, end)
+    )
+
+
+@pytest.mark.parametrize("moved_between_pages", [False, True])
+async def test_a_page_reads_the_gap_back_only_when_another_write_moved_it(
+    store: CacheStore, moved_between_pages: bool
+) -> None:
+    gap_id = await limited_room(store)
+    first = await page(store, WalkState(None, gap_id), [said(9), said(8)], "p2")
+    assert first.state.gap == first.gap and first.gap.cursor == "p2"
+    if moved_between_pages:
+        await store.backend.write(
+            lambda tx: Sections(store, tx, ROOM).set_gap_state(gap_id, GapLifecycle.Failed, "x")
+        )
+    second = await page(store, first.state, [said(7), said(6)], "p3")
+    stored = await store.gap(ROOM, gap_id)
+    assert stored == second.gap
+    assert stored is not None and stored.cursor == "p3"
+    assert stored.newer_boundary == "$m6"
+    # The other write's lifecycle survives the page (a stale copy would have undone it).
+    assert stored.lifecycle is (GapLifecycle.Failed if moved_between_pages else GapLifecycle.Idle)

@@ -38,6 +38,7 @@ handed (:meth:`CacheStore.write_update`).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from hashlib import blake2b as _blake2b
@@ -139,6 +140,8 @@ class CacheStore(CacheReads):
         """The account's user id, when known (a thread's "participated" needs it)."""
         self.relations = RelationTables(self)
         self.sends = SendTable(self)
+        self._gap_counts: dict[int, int] = {}  # gap_writes, by room number
+        self._gap_lock = threading.Lock()
         self._rooms: dict[str, Room] = {}
         """Room (and thread) ids registered in a committed transaction, with their number:
         a ``history_room`` row is never removed nor renumbered once committed, so the
@@ -427,6 +430,7 @@ class CacheStore(CacheReads):
                         ],
                     )
             case GapAdded(gap=gap):
+                self._note_gap_write(room)
                 tx.execute(
                     "INSERT INTO history_gap (room, newer_ord, gap_id, older_ord, older_boundary,"
                     " newer_boundary, cursor, lifecycle, failure) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -439,12 +443,16 @@ class CacheStore(CacheReads):
                     ),
                 )
             case GapChanged(gap=gap):
-                tx.execute(
+                self._note_gap_write(room)
+                changed = tx.execute(
                     "UPDATE history_gap SET older_boundary = ?, newer_boundary = ?, cursor = ?,"
                     " lifecycle = ?, failure = ? WHERE room = ? AND gap_id = ?",
                     (*self._gap_values(room, gap), room.rid, gap.gap_id),
                 )
+                if changed != 1:  # the row is gone (or the count unknown): carry nothing
+                    self._note_gap_write(room)
             case GapRemoved(gap=gap):
+                self._note_gap_write(room)
                 tx.execute(
                     "DELETE FROM history_gap WHERE room = ? AND gap_id = ?", (room.rid, gap.gap_id)
                 )
@@ -482,6 +490,21 @@ class CacheStore(CacheReads):
                 for at in (u.room or room,)
             ],
         )
+
+    def gap_writes(self, room: Room) -> int:
+        """How many writes of ``room``'s gaps this store has made, in any transaction
+        (committed, pending or rolled back).
+
+        A walk keeps the gap its page wrote and the count after that write; while the
+        count has not moved, the row is what that page left (this store being the only
+        writer of its history tables), so the next page does not read it back. Counted
+        when the write is made, not at commit: a write of another transaction, even one
+        that rolls back, makes the next page read the row."""
+        return self._gap_counts.get(room.rid, 0)
+
+    def _note_gap_write(self, room: Room) -> None:
+        with self._gap_lock:  # writer threads of PostgreSQL
+            self._gap_counts[room.rid] = self._gap_counts.get(room.rid, 0) + 1
 
     def _gap_values(self, room: Room, gap: GapRecord) -> tuple[Any, ...]:
         aad = room.key + gap.gap_id.encode()

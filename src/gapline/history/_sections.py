@@ -83,6 +83,8 @@ class WalkState:
 
     anchor: Key | None = None
     gap_id: str | None = None
+    gap: GapRecord | None = None  # as the previous page left it, valid while the store
+    gap_writes: int = 0  # counts this many writes of the room's gaps (``gap_writes``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,7 +495,13 @@ class Sections:
         anchor = state.anchor
         gap: GapRecord | None = None
         if state.gap_id is not None:
-            gap = store.gap_by_id(tx, room, state.gap_id)
+            gap = state.gap  # as the previous page left it, if nothing wrote gaps since
+            if (
+                gap is None
+                or gap.gap_id != state.gap_id
+                or store.gap_writes(room) != state.gap_writes
+            ):
+                gap = store.gap_by_id(tx, room, state.gap_id)
             if gap is None:
                 return PageResult(WalkState(anchor), 0, True, False, None)
             if anchor is None:
@@ -572,13 +580,15 @@ class Sections:
             changed = replace(changed, cursor=end)
         if then is not None and not start_reached:
             changed = replace(changed, lifecycle=then, failure=None)
+        writes = store.gap_writes(room)
         if new_gap:
             self._emit(GapAdded(changed))
+            writes += 1
         elif changed != gap:
             self._emit(GapChanged(changed))
-        return PageResult(
-            WalkState(anchor, changed.gap_id), len(run), False, start_reached, changed
-        )
+            writes += 1
+        state = WalkState(anchor, changed.gap_id, changed, writes)
+        return PageResult(state, len(run), False, start_reached, changed)
 
     def set_gap_state(
         self, gap_id: str, lifecycle: GapLifecycle, failure: str | None = None
