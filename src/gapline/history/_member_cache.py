@@ -6,7 +6,9 @@ plus a count of the members sharing each name, in every transaction, for
 records that almost never change between two pages.
 
 What keeps it correct (the cache holds only what a committed transaction
-says, for this store, which is the only writer of its history tables):
+says, for this store, which is the only writer of its history tables: a store
+directory is locked to one engine, ``_store_lock``; a backend passed to
+``Engine.open`` is the caller's to keep to one):
 
 - a value read inside a write transaction is installed by a
   ``Tx.after_commit`` hook, so a transaction that rolls back installs
