@@ -102,6 +102,25 @@ def _event(value: Any) -> ClientEvent | None:
         return None
 
 
+def _held_edit(aggregate: Aggregate, raw: Any) -> bool:
+    """``raw`` (a bundled edit, undecoded) is a revision ``aggregate`` holds already
+    (:func:`with_edit` would return it unchanged)."""
+    if not isinstance(raw, dict) or not aggregate.edits:
+        return False
+    event_id = raw.get("event_id")
+    return any(r.event_id == event_id for r in aggregate.edits)
+
+
+def _held_latest(aggregate: Aggregate, raw: Any) -> bool:
+    """``raw`` (a bundled thread's newest reply, undecoded) is the newest reply
+    ``aggregate`` holds, at the same time (:func:`with_thread_bundle` keeps it unchanged)."""
+    thread = aggregate.thread
+    if not isinstance(raw, dict) or thread is None or thread.latest is None:
+        return False
+    latest = thread.latest
+    return raw.get("event_id") == latest.event_id and raw.get("origin_server_ts") == latest.ts
+
+
 @dataclass
 class _Batch:
     """What one admission knows: aggregates loaded and changed, relations, events."""
@@ -116,6 +135,12 @@ class _Batch:
     detached: dict[str, ClientEvent | None] = field(default_factory=dict)  # looked up
     indexed: dict[str, tuple[str, str] | None] = field(default_factory=dict)  # looked up
     refresh: set[str] = field(default_factory=set)  # rows to carry on as if changed
+    rendered: dict[str, tuple[ClientEvent, Aggregate | None, EventItem]] = field(
+        default_factory=dict
+    )
+    """The batch's rows as last rendered, with the event and aggregate they were rendered
+    from: a row is rendered again only once either changed (a target several relations
+    touch is rendered once a page, not once per relation)."""
 
     def get(self, event_id: str) -> Aggregate:
         return self.aggregates.get(event_id, EMPTY)
@@ -193,11 +218,7 @@ class Admission:
                 batch.put(event.event_id, only_sender(held, event.sender))
             if "m.relations" in event.unsigned:  # what _bundles reads; most events have none
                 self._bundles(batch, event)
-        names, me = s.names, store.me
-        items = [
-            render(e, batch.aggregates.get(e.event_id), sender_name=names.get(e.event_id), me=me)
-            for e in events
-        ]
+        items = [self._row(batch, e) for e in events]
         items, effects = self._settle(batch, events, items, redacted_now)
         if s.thread_root is None:
             shown = tuple(shown_in_room(u, r) for u, r in zip(update.events, rels, strict=True))
@@ -229,6 +250,20 @@ class Admission:
         else:
             shown = (True,) * len(events)
         return EventsAdded(update.ord, update.pos, tuple(events), tuple(items), shown)
+
+    def _row(self, batch: _Batch, event: ClientEvent) -> EventItem:
+        """The row of a batch event as its aggregate stands now (rendered again only when
+        the event or its aggregate changed since it was last rendered: ``render`` reads
+        nothing else that a batch changes)."""
+        event_id = event.event_id
+        aggregate = batch.aggregates.get(event_id)
+        last = batch.rendered.get(event_id)
+        if last is not None and last[0] is event and last[1] is aggregate:
+            return last[2]
+        s = self.s
+        item = render(event, aggregate, sender_name=s.names.get(event_id), me=s.store.me)
+        batch.rendered[event_id] = (event, aggregate, item)
+        return item
 
     # -- one relation event ---------------------------------------------------------------
 
@@ -304,11 +339,7 @@ class Admission:
                 )
                 batch.put(target, with_annotation(batch.get(target), annotation))
             case RelKind.THREAD:
-                item = render(
-                    event,
-                    batch.aggregates.get(event.event_id),
-                    sender_name=self.s.names.get(event.event_id),
-                )
+                item = self._row(batch, event)
                 batch.put(target, with_thread_reply(batch.get(target), thread_reply(item)))
 
     def _redact(
@@ -338,7 +369,11 @@ class Admission:
         if not isinstance(relations, dict):
             return
         own = relation_of(event)
-        edit = _event(relations.get("m.replace"))
+        held = batch.get(event.event_id)
+        raw_edit = relations.get("m.replace")
+        # A bundled edit the aggregate holds already (its event came in this page, or
+        # earlier) changes nothing, and was indexed when it was first held: not decoded.
+        edit = None if _held_edit(held, raw_edit) else _event(raw_edit)
         rel = None if edit is None else relation_of(edit)
         if (
             edit is not None
@@ -361,7 +396,14 @@ class Admission:
         thread = relations.get("m.thread")
         if isinstance(thread, dict):
             count = thread.get("count")
-            latest_event = _event(thread.get("latest_event"))
+            raw_latest = thread.get("latest_event")
+            # The newest reply the cache holds already is no newer than itself: passing it
+            # again changes nothing, so it is neither decoded nor rendered.
+            latest_event = (
+                None
+                if _held_latest(batch.get(event.event_id), raw_latest)
+                else (_event(raw_latest))
+            )
             latest = None
             if latest_event is not None and not is_redacted(latest_event):
                 latest = thread_reply(render(latest_event, None))
@@ -388,7 +430,6 @@ class Admission:
         root's summary, changed retained events into ``RowChanged`` rows (stored again
         without content when redacted), quotes into the batch's replies."""
         s = self.s
-        store = s.store
         reader = self._reader()
         rows = {i.event_id: i for i in items}
         outside: dict[str, tuple[StoredEvent | None, ClientEvent, EventItem]] = {}
@@ -396,13 +437,7 @@ class Admission:
         def row_of(event_id: str) -> EventItem | None:
             if event_id in rows:
                 if event_id in batch.events and event_id in touched:
-                    event = batch.events[event_id]
-                    rows[event_id] = render(
-                        event,
-                        batch.aggregates.get(event_id),
-                        sender_name=s.names.get(event_id),
-                        me=store.me,
-                    )
+                    rows[event_id] = self._row(batch, batch.events[event_id])
                 return rows[event_id]
             shown = self._outside(batch, event_id)
             if shown is None:
