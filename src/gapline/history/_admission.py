@@ -195,11 +195,13 @@ class Admission:
         )
         redacted_now: set[str] = set()
         for i, event in enumerate(events):
+            gone = is_redacted(event)
             tombstone = batch.get(event.event_id).redacted_by
-            if tombstone is not None and not is_redacted(event):
+            if tombstone is not None and not gone:
                 event = events[i] = batch.events[event.event_id] = purged(event, tombstone)
+                gone = True
             rel = rels[i]
-            if is_redacted(event) or rel is None or event.event_id in seen:
+            if gone or rel is None or event.event_id in seen:
                 continue
             seen.add(event.event_id)
             batch.index.append((event.event_id, rel.target, rel.kind.value))
@@ -210,8 +212,10 @@ class Admission:
                 redacted_now.add(rel.target)
             else:
                 self._relate(batch, event, rel)
-        for event in events:
-            if is_redacted(event):
+        # Each event's redaction as the loop above leaves it (nothing below purges one).
+        gone_after = [is_redacted(e) for e in events]
+        for event, gone in zip(events, gone_after, strict=True):
+            if gone:
                 continue
             held = batch.get(event.event_id)
             if held.edits:
@@ -222,8 +226,8 @@ class Admission:
         items, effects = self._settle(batch, events, items, redacted_now)
         if s.thread_root is None:
             shown = tuple(shown_in_room(u, r) for u, r in zip(update.events, rels, strict=True))
-            for event, rel in zip(events, rels, strict=True):
-                if rel is not None and rel.kind is RelKind.THREAD and not is_redacted(event):
+            for event, rel, gone in zip(events, rels, gone_after, strict=True):
+                if rel is not None and rel.kind is RelKind.THREAD and not gone:
                     self.thread_replies.setdefault(rel.target, []).append(event)
         else:
             shown = (True,) * len(events)
