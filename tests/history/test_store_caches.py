@@ -2,7 +2,8 @@
 counts, room numbers (filled only by committed transactions, dropped when a member
 changes, per room, fresh after a restart; an engine sees a member's new name between
 two pages of a fill), and which rooms hold no aggregate at all (a reaction written in
-the same transaction, an earlier one, or before a restart, still reaches its target)."""
+the same transaction, an earlier one, or before a restart, still reaches its target), and
+the last sealed value of each aggregate (sealed once for its table row and its row's copy)."""
 
 from __future__ import annotations
 
@@ -273,3 +274,67 @@ async def test_a_page_reads_the_gap_back_only_when_another_write_moved_it(
     assert stored.newer_boundary == "$m6"
     # The other write's lifecycle survives the page (a stale copy would have undone it).
     assert stored.lifecycle is (GapLifecycle.Failed if moved_between_pages else GapLifecycle.Idle)
+
+
+async def stored_aggregates(store: CacheStore, event_id: str) -> tuple[bytes | None, bytes | None]:
+    """The sealed aggregate of ``event_id`` as its table row and its event row hold it."""
+
+    def op(tx: Any) -> tuple[bytes | None, bytes | None]:
+        room = store.find_room(tx, ROOM)
+        assert room is not None
+        key = store.event_key(event_id)
+        table = tx.one(
+            "SELECT value FROM history_aggregate WHERE room = ? AND target = ?", (room.rid, key)
+        )
+        row = tx.one("SELECT agg FROM history_event WHERE room = ? AND event = ?", (room.rid, key))
+        return (
+            None if table is None else bytes(table[0]),
+            None if row is None or row[0] is None else bytes(row[0]),
+        )
+
+    return await store.backend.read(op)
+
+
+async def test_a_pages_aggregate_is_sealed_once_for_its_table_and_its_rows_copy(
+    store: CacheStore,
+) -> None:
+    await sync(store, [said(1), reaction_to("$m1", 2)])
+    table, row = await stored_aggregates(store, "$m1")
+    assert table is not None and table == row  # one sealed value, written twice
+    # A later reaction changes it: sealed anew, both places again the same new value.
+    await sync(store, [reaction_to("$m1", 3)])
+    table2, row2 = await stored_aggregates(store, "$m1")
+    assert table2 is not None and table2 == row2 and table2 != table
+    aggregate = await store.aggregate(ROOM, "$m1")
+    assert aggregate is not None and [a.event_id for a in aggregate.annotations] == ["$r2", "$r3"]
+
+
+async def test_an_unchanged_aggregate_read_sealed_is_copied_onto_its_row_as_read(
+    store: CacheStore,
+) -> None:
+    """A reaction arrives before its target; the target's row, placed later, carries the
+    table's sealed value itself (nothing sealed again), and still opens to the reaction."""
+    await sync(store, [said(1)])
+    await sync(store, [reaction_to("$m9", 2)])
+    table, row = await stored_aggregates(store, "$m9")
+    assert table is not None and row is None  # no row yet
+    await sync(store, [said(9)])
+    table2, row2 = await stored_aggregates(store, "$m9")
+    assert table2 == table and row2 == table
+    window = await store.load_window(ROOM, 10)
+    assert window.items is not None
+    [shown] = [i for i in window.items if getattr(i, "event_id", None) == "$m9"]
+    assert [r.key for r in shown.reactions] == ["+1"]
+
+
+async def test_the_sealed_aggregates_kept_are_bounded(
+    store: CacheStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gapline.history import _relation_store
+
+    monkeypatch.setattr(_relation_store, "_SEALED_KEPT", 3)
+    await sync(store, [said(i) for i in range(1, 6)])
+    await sync(store, [reaction_to(f"$m{i}", 10 + i) for i in range(1, 6)])
+    assert 0 < len(store.relations._sealed) <= 3
+    aggregate = await store.aggregate(ROOM, "$m1")  # what was forgotten is still written
+    assert aggregate is not None and [a.event_id for a in aggregate.annotations] == ["$r11"]

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["PRESENT", "RelationTables"]
 
 PRESENT = ("join", "invite")
+_SEALED_KEPT = 4096  # sealed aggregates remembered (RelationTables._sealed)
 """Memberships whose display name counts when deciding whether two names clash."""
 
 
@@ -48,6 +49,12 @@ class RelationTables:
         self._aggregates_none: set[int] = set()  # rooms known to hold no aggregate
         self._aggregates_some: set[int] = set()  # rooms that may hold some
         self._aggregates_lock = threading.Lock()  # writer threads of PostgreSQL
+        self._sealed: dict[tuple[int, bytes], tuple[Aggregate, bytes]] = {}
+        """The last sealed value of an aggregate, by (room, target), with the aggregate it
+        seals: a page seals each aggregate once for its row's copy and its table row, and
+        an unchanged aggregate read from the table is copied onto a row as read. A sealed
+        value stays valid (the store key never changes, the aad is the same for both);
+        the aggregate is compared by identity, so any change seals anew."""
         self.member_cache = MemberCache()
         """Committed member records and name counts (``_member_cache``); every write of
         ``history_member`` goes through :meth:`write`, which keeps it in step."""
@@ -91,8 +98,9 @@ class RelationTables:
             room,
             list(by_key),
         ):
-            key = bytes(target)
-            out[by_key[key]] = self.open(room, key, value)
+            key, sealed = bytes(target), bytes(value)
+            aggregate = out[by_key[key]] = self.open(room, key, sealed)
+            self._remember(room.rid, key, aggregate, sealed)
         return out
 
     def _may_hold_aggregates(self, tx: Tx, rid: int) -> bool:
@@ -129,10 +137,29 @@ class RelationTables:
         return sealed
 
     def seal_many(self, room: Room, entries: Sequence[tuple[bytes, Aggregate]]) -> list[bytes]:
-        """Aggregates sealed in one cipher call (a page's are written together)."""
-        return self._store.cipher.encrypt_many(
-            [(encode_aggregate(a), room.key + b"agg" + k) for k, a in entries]
-        )
+        """Aggregates sealed in one cipher call (a page's are written together); one sealed
+        already, or read sealed, and not changed since, is not sealed again."""
+        rid, memo = room.rid, self._sealed
+        out: list[bytes | None] = []
+        todo: list[int] = []
+        for i, (k, a) in enumerate(entries):
+            hit = memo.get((rid, k))
+            out.append(hit[1] if hit is not None and hit[0] is a else None)
+            if out[-1] is None:
+                todo.append(i)
+        if todo:
+            fresh = self._store.cipher.encrypt_many(
+                [(encode_aggregate(entries[i][1]), room.key + b"agg" + entries[i][0]) for i in todo]
+            )
+            for i, sealed in zip(todo, fresh, strict=True):
+                out[i] = sealed
+                self._remember(rid, entries[i][0], entries[i][1], sealed)
+        return [s for s in out if s is not None]
+
+    def _remember(self, rid: int, key: bytes, aggregate: Aggregate, sealed: bytes) -> None:
+        if len(self._sealed) >= _SEALED_KEPT:
+            self._sealed.clear()  # bounded: a fill's pages need only their own
+        self._sealed[(rid, key)] = (aggregate, sealed)
 
     def _put_aggregates(
         self,
