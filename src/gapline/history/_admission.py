@@ -404,9 +404,7 @@ class Admission:
             # The newest reply the cache holds already is no newer than itself: passing it
             # again changes nothing, so it is neither decoded nor rendered.
             latest_event = (
-                None
-                if _held_latest(batch.get(event.event_id), raw_latest)
-                else (_event(raw_latest))
+                None if _held_latest(batch.get(event.event_id), raw_latest) else _event(raw_latest)
             )
             latest = None
             if latest_event is not None and not is_redacted(latest_event):
