@@ -18,7 +18,6 @@ later open are the same value. What it decides:
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from gapline.history._aggregates import Aggregate, ThreadReply, visible_revision
@@ -30,7 +29,6 @@ from gapline.history._items import (
     ReplyStatus,
     ThreadLatest,
     ThreadSummary,
-    Undecrypted,
 )
 from gapline.history._markdown import HTML_FORMAT
 from gapline.history._relations import is_redacted, reply_target, strip_reply_fallback
@@ -194,63 +192,6 @@ def _thread(aggregate: Aggregate, root_sender: str, me: str | None) -> ThreadSum
     )
 
 
-# A row is made for every event that enters or is read back (a page of 50 in a fill):
-# the frozen dataclass's generated ``__init__`` costs about 3 µs a row, most of it one
-# ``object.__setattr__`` per field; setting the slots directly makes the same value in
-# about a third of that. The order below is checked against the class's fields at import.
-_ITEM_FIELDS = (
-    "id", "event_id", "sender", "origin_server_ts", "event_type", "body", "edited",
-    "redacted", "receipts", "sender_name", "in_reply_to", "reactions", "thread_summary",
-    "encrypted", "decryption", "send_state", "msgtype", "formatted_body",
-)  # fmt: skip
-if tuple(f.name for f in dataclasses.fields(EventItem)) != _ITEM_FIELDS:
-    raise ImportError("EventItem's fields changed: update _render._ITEM_FIELDS and _new_item")
-(
-    _set_id, _set_event_id, _set_sender, _set_ts, _set_type, _set_body, _set_edited,
-    _set_redacted, _set_receipts, _set_sender_name, _set_reply, _set_reactions, _set_thread,
-    _set_encrypted, _set_decryption, _set_send_state, _set_msgtype, _set_html,
-) = (getattr(EventItem, name).__set__ for name in _ITEM_FIELDS)  # fmt: skip
-_new = object.__new__
-
-
-def _new_item(
-    event: ClientEvent,
-    body: str | None,
-    edited: bool,
-    redacted: bool,
-    sender_name: str | None,
-    reply: InReplyTo | None,
-    reactions: tuple[Reaction, ...],
-    thread: ThreadSummary | None,
-    encrypted: bool,
-    decryption: Undecrypted | None,
-    msgtype: str | None,
-    html: str | None,
-) -> EventItem:
-    """``EventItem(...)`` of a row (no receipts, no send state), equal to the one the
-    dataclass's constructor makes from the same values."""
-    item = _new(EventItem)
-    _set_id(item, event.event_id)
-    _set_event_id(item, event.event_id)
-    _set_sender(item, event.sender)
-    _set_ts(item, event.origin_server_ts)
-    _set_type(item, event.type)
-    _set_body(item, body)
-    _set_edited(item, edited)
-    _set_redacted(item, redacted)
-    _set_receipts(item, ())
-    _set_sender_name(item, sender_name)
-    _set_reply(item, reply)
-    _set_reactions(item, reactions)
-    _set_thread(item, thread)
-    _set_encrypted(item, encrypted)
-    _set_decryption(item, decryption)
-    _set_send_state(item, None)
-    _set_msgtype(item, msgtype)
-    _set_html(item, html)
-    return item
-
-
 def render(
     event: ClientEvent,
     aggregate: Aggregate | None,
@@ -284,19 +225,23 @@ def render(
         body = text_of(event, content)
         msgtype, html = formatting_of(content)
     encrypted, undecrypted = decryption_of(event)
-    return _new_item(
-        event,
-        body,
-        edited,
-        redacted,
-        sender_name,
-        None if redacted else reply,
-        () if redacted or aggregate is None else _reactions(aggregate),
-        None if aggregate is None else _thread(aggregate, event.sender, me),
-        encrypted,
-        None if redacted else undecrypted,
-        msgtype,
-        html,
+    return EventItem(
+        id=event.event_id,
+        event_id=event.event_id,
+        sender=event.sender,
+        origin_server_ts=event.origin_server_ts,
+        event_type=event.type,
+        body=body,
+        edited=edited,
+        redacted=redacted,
+        sender_name=sender_name,
+        in_reply_to=None if redacted else reply,
+        reactions=() if redacted or aggregate is None else _reactions(aggregate),
+        thread_summary=None if aggregate is None else _thread(aggregate, event.sender, me),
+        encrypted=encrypted,
+        decryption=None if redacted else undecrypted,
+        msgtype=msgtype,
+        formatted_body=html,
     )
 
 
