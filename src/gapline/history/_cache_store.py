@@ -64,6 +64,7 @@ from gapline.history._updates import (
     RelationIndexed,
     Room,
     RowChanged,
+    RowsHealed,
     RowsHidden,
     StoredEvent,
     Update,
@@ -441,7 +442,7 @@ class CacheStore(CacheReads):
                     "UPDATE history_event SET shown = 0 WHERE room = ? AND ord = ? AND pos = ?",
                     [(room.rid, o, p) for o, p in keys],
                 )
-            case RowChanged():
+            case RowChanged() | RowsHealed():
                 pass  # a row shows what the stored event and its aggregate say: nothing to store
 
     def rewrite_events(

@@ -55,6 +55,7 @@ from gapline.history._updates import (
     ReceiptsChanged,
     RelationIndexed,
     RowChanged,
+    RowsHealed,
     RowsHidden,
     StoredEvent,
     Update,
@@ -387,26 +388,36 @@ class Sections:
         if again:
             self.store.relations.forget(self.tx, self.agg_room, again, self.known_keys)  # fmt: skip
         self.names.update((s.event_id, s.sender_name) for s in stored if s.sender_name)
-        self.admission.placing = False
-        self.admission.refresh = {s.event_id for s in stored}
-        placed, effects = self.admission.admit(EventsAdded(0, 0, tuple(s.event for s in stored)))
-        self.admission.placing, self.admission.refresh = True, set()
-        assert placed.items is not None and placed.shown is not None
-        # Every row's new body in one statement (the timeline reads none of these).
-        rewrites = [
-            EventRewritten(before.key, after, before.sender_name)
-            for before, after in zip(stored, placed.events, strict=True)
-        ]
-        self.store.rewrite_events(self.tx, self.room, rewrites, self._key)
-        self.updates.extend(rewrites)
+        admission = self.admission
+        admission.placing, admission.deferred = False, True
+        admission.refresh = {s.event_id for s in stored}
+        placed, effects = admission.admit(EventsAdded(0, 0, tuple(s.event for s in stored)))
+        admission.placing, admission.deferred, admission.refresh = True, False, set()
+        assert placed.shown is not None
+        # Every row's new body in one statement; the timeline reads none of these, so
+        # they are not queued for it.
+        self.store.rewrite_events(
+            self.tx,
+            self.room,
+            [
+                EventRewritten(before.key, after, before.sender_name)
+                for before, after in zip(stored, placed.events, strict=True)
+            ],
+            self._key,
+        )
         hidden, copies = [], []
-        for before, after, item, shown in zip(
-            stored, placed.events, placed.items, placed.shown, strict=True
-        ):
-            self.admission._rewrite_thread_copy(before, after, copies)  # a thread's own copy
-            self._emit(RowChanged(item))  # wherever its row is loaded: room or thread
+        for before, after, shown in zip(stored, placed.events, placed.shown, strict=True):
+            admission._rewrite_thread_copy(before, after, copies)  # a thread's own copy
             if not shown:
                 hidden.append(before.key)
+        # Wherever its row is loaded (room or thread) each row changes: rendered here when
+        # the rules had to (relations, quotes), else by the timelines for the rows they hold.
+        if placed.items is None:
+            names = self.names
+            self._emit(RowsHealed(tuple((e, names.get(e.event_id)) for e in placed.events)))
+        else:
+            for item in placed.items:
+                self._emit(RowChanged(item))
         if hidden:
             self._emit(RowsHidden(tuple(hidden)))
         for effect in (*copies, *effects):

@@ -72,8 +72,10 @@ from gapline.history._updates import (
     MembersUpdated,
     ReceiptsChanged,
     RowChanged,
+    RowsHealed,
     Update,
 )
+from gapline.matrix import ClientEvent
 
 __all__ = ["Timeline", "gap_item"]
 
@@ -465,6 +467,8 @@ class Timeline:
                         if diff is not None:
                             out.append(diff)
                 out.extend(self._quoted(item))
+            case RowsHealed(rows=rows):
+                out.extend(self._healed(rows))
             case DetachedStored(event_id=event_id, item=item):
                 quote = reply_preview(event_id, item, unavailable=item is None)
                 out.extend(self._requote(event_id, quote))
@@ -491,6 +495,16 @@ class Timeline:
                     diff = self._remove(key)
                     if diff is not None:
                         out.append(diff)
+        return out
+
+    def _healed(self, rows: Sequence[tuple[ClientEvent, str | None]]) -> list[VectorDiff]:
+        """``RowChanged`` for the healed events this timeline holds or quotes, rendered
+        here: the others are not rendered at all."""
+        out: list[VectorDiff] = []
+        held, quoting = self._event_keys, self._quoting
+        for event, name in rows:
+            if event.event_id in held or event.event_id in quoting:
+                out.extend(self._apply(RowChanged(render(event, None, sender_name=name))))
         return out
 
     def _settle_echo(self, txn: str, key: RowKey | None, item: EventItem) -> list[VectorDiff]:
