@@ -245,11 +245,12 @@ def heal(
     tx: Tx,
     room_id: str,
     healed: Sequence[StoredEvent],
-    entries: Iterable[tuple[bytes, bytes]],
+    entries: Sequence[tuple[bytes, bytes]],
 ) -> dict[str, list[Update]]:
     """Rewrite retained events that decrypted now (each: where it was read, under the
     crypto lock, holding its plaintext event as the cache keeps it) and show them; drop
-    their index ``entries`` (event hash, session hash).
+    their index ``entries`` (event hash, session hash; one per event, in its order: the
+    hashes read with the rows serve the write, which need not compute them again).
 
     Only healing rewrites an undecryptable event's body, and every heal runs under the
     engine's crypto lock, so what was read is what is stored (keys never move; a
@@ -257,6 +258,9 @@ def heal(
     if not healed:
         return {}
     sections = Sections(store, tx, room_id)
+    sections.known_keys.update(
+        zip((s.event_id for s in healed), (event for event, _ in entries), strict=True)
+    )
     sections.heal(healed)
     drop_entries(tx, sections.room, entries)
     return {room_id: sections.updates}

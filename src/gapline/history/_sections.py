@@ -380,10 +380,11 @@ class Sections:
             return
         # An edit or a reaction took no effect while its content was unreadable: let it
         # take effect now. A thread reply counted already (its relation is cleartext).
+        rels = [relation_of(s.event) for s in stored]
         again = [
             s.event_id
-            for s in stored
-            if (r := relation_of(s.event)) is not None and r.kind in _CONTENT_RELATIONS
+            for s, r in zip(stored, rels, strict=True)
+            if r is not None and r.kind in _CONTENT_RELATIONS
         ]
         if again:
             self.store.relations.forget(self.tx, self.agg_room, again, self.known_keys)  # fmt: skip
@@ -406,8 +407,11 @@ class Sections:
             self._key,
         )
         hidden, copies = [], []
-        for before, after, shown in zip(stored, placed.events, placed.shown, strict=True):
-            admission._rewrite_thread_copy(before, after, copies)  # a thread's own copy
+        for before, after, shown, rel in zip(
+            stored, placed.events, placed.shown, rels, strict=True
+        ):
+            if rel is not None:  # a thread reply's own copy (an event with no relation has none)
+                admission._rewrite_thread_copy(before, after, copies)
             if not shown:
                 hidden.append(before.key)
         # Wherever its row is loaded (room or thread) each row changes: rendered here when

@@ -461,9 +461,10 @@ class Timeline:
                         quote = item.in_reply_to
                         if quote is not None and current.in_reply_to is not None:
                             quote = better_quote(current.in_reply_to, quote)
-                        diff = self._set(
-                            key, replace(item, receipts=current.receipts, in_reply_to=quote)
-                        )
+                        row = item  # as it comes when nothing is to carry over (a heal)
+                        if current.receipts != item.receipts or quote is not item.in_reply_to:
+                            row = replace(item, receipts=current.receipts, in_reply_to=quote)
+                        diff = self._set(key, row)
                         if diff is not None:
                             out.append(diff)
                 out.extend(self._quoted(item))
