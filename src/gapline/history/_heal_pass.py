@@ -64,13 +64,23 @@ _Chunk = tuple[list[tuple[StoredEvent, bytes, bytes]], list[tuple[bytes, bytes]]
 
 @contextmanager
 def collector_paused() -> Generator[None]:
-    """Python's cyclic garbage collector off for the block (as it was, after)."""
+    """Python's cyclic garbage collector off for the block (as it was, after).
+
+    What the block allocated and kept joins the oldest generation without being
+    traversed (``freeze`` then ``unfreeze`` move every generation's list there and
+    reset the young count; no object is visited): re-enabled as it was, the collector
+    walked all of it in one young collection at the next allocation, finding nothing,
+    27-58 ms after a 10,000-row heal. Not when the process froze objects itself
+    (``unfreeze`` would hand them back to the collector)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if enabled:
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
