@@ -8,9 +8,12 @@ The peer is a bare `CryptoMachine` behind the in-memory key server
 
 from __future__ import annotations
 
+import asyncio
+
 from gapline.history import (
     CloseRoom,
     EventItem,
+    Ok,
     OpenRoom,
     PaginateBackwards,
     ReplyStatus,
@@ -113,3 +116,41 @@ async def test_a_held_reply_quoting_a_healed_row_it_does_not_hold_quotes_its_tex
         quote = _events(s.rows())[reply.event_id].in_reply_to
         assert quote is not None and quote.status is ReplyStatus.Ready
         assert quote.body == "the quoted words"
+
+
+async def test_rows_read_by_a_scroll_back_before_the_heal_commits_show_healed(tmp_path) -> None:
+    """Older rows read before their heal commits, and placed after it committed, end
+    up healed on screen: the heal's update is applied to them once they are held."""
+    async with scene(tmp_path) as s:
+        await s.join_encrypted_room()
+        s.server.hold_to_device = True
+        events = [s.encrypted(f"message {i}") for i in range(WINDOW + 30)]
+        await s.sync(*events)
+        await s.engine.execute(OpenRoom(ROOM))
+        await s.engine.wait_idle(ROOM)  # the recent load done: a scroll back may run
+        await s.engine.flush_history(ROOM)
+        store = s.engine.store
+        load_older = store.load_older
+        heals: list[asyncio.Task[None]] = []
+
+        async def read_then_heal(*args, **kwargs):
+            window = await load_older(*args, **kwargs)  # the undecryptable rows
+            s.server.release_to_device()
+            heals.append(asyncio.create_task(s.sync()))  # awaited below
+            for _ in range(500):  # until the heal's write has committed
+                stored = await store.event(ROOM, events[0].event_id)
+                if stored is not None and stored.event.type == "m.room.message":
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the heal did not commit")
+            return window
+
+        store.load_older = read_then_heal
+        assert await s.engine.execute(PaginateBackwards(ROOM, 30)) == Ok()
+        await heals[0]
+        await s.engine.flush_history(ROOM)
+        rows = _events(s.rows())
+        assert [rows[e.event_id].body for e in events] == [
+            f"message {i}" for i in range(len(events))
+        ]

@@ -238,6 +238,23 @@ class Timeline:
         diffs.extend(self._bound())
         return diffs
 
+    async def prepend_read(self, read: Callable[[Key], Awaitable[Window]]) -> Window | None:
+        """Rows older than the oldest loaded one, read and placed at the front with no
+        update applied in between (``None``: closed, or nothing older is retained). An
+        update committed during the read (a heal of these very rows) waits in the queue
+        and is applied to them after, as in ``reload``: applied first, it would miss
+        rows not yet held, and they would show as they were read."""
+        async with self._lock:
+            low = self._low
+            if self.closed or self.complete_below or low is None:
+                return None
+            window = await read(low)
+            diffs = self.prepend_window(window)
+            if diffs:
+                await self._publish(TimelineChanged(self.room_id, tuple(diffs), self.thread_root))
+        self.note_quotes()
+        return window
+
     def _bound(self, *, newest: bool = True) -> list[VectorDiff]:
         """Keep at most ``max_rows`` rows.
 
