@@ -11,7 +11,9 @@ caller reads them in chunks (:func:`retained_chunk`), decrypts them on the
 event loop, and :func:`heal` rewrites each one that decrypted: the stored
 event becomes the plaintext event, it passes the relation rules as if it had
 just arrived (an edit applies, a reaction counts), and its row changes by
-one ``RowChanged`` (a ``Set`` diff, same row id, never a reset). A quote
+one ``RowChanged`` (a ``Set`` diff, same row id, never a reset; for rows that
+read as their plaintext alone, one ``RowsHealed`` for the chunk, rendered by each
+open timeline for the rows it holds or quotes). A quote
 heals by :func:`heal_detached` (its replies requote it). An event that
 still does not decrypt keeps its entry; an entry whose event is gone or no
 longer waits for a key is dropped.
