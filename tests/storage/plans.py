@@ -56,6 +56,9 @@ class RecordingTx:
     def notify(self, channel: str, payload: str) -> None:
         self._tx.notify(channel, payload)
 
+    def after_commit(self, hook: Callable[[], None]) -> None:
+        self._tx.after_commit(hook)
+
 
 class RecordingBackend:
     def __init__(self, inner: Backend) -> None:

@@ -29,17 +29,18 @@ from gapline.storage._postgres import (
 )
 from gapline.storage.devpostgres import PostgresCluster
 from tests.storage.contract import BackendContract
+from tests.storage.contract_hooks import CommitHooksContract
 
 pytestmark = pytest.mark.postgres
 
 
-class TestPostgresBackend(BackendContract):
+class TestPostgresBackend(BackendContract, CommitHooksContract):
     @pytest.fixture
     def dsn(self, postgres_dsn: str) -> str:
         return postgres_dsn
 
 
-del BackendContract
+del BackendContract, CommitHooksContract
 
 
 CHILD_NOTIFY = """

@@ -17,15 +17,16 @@ from gapline.storage import (
 )
 from gapline.storage._sqlite import SQLiteBackend, map_sqlite_error
 from tests.storage.contract import ITEMS, BackendContract, insert, keys
+from tests.storage.contract_hooks import CommitHooksContract
 
 
-class TestSQLiteBackend(BackendContract):
+class TestSQLiteBackend(BackendContract, CommitHooksContract):
     @pytest.fixture
     def dsn(self, tmp_path: Path) -> str:
         return str(tmp_path / "nested" / "dir" / "store.db")
 
 
-del BackendContract
+del BackendContract, CommitHooksContract
 
 
 async def test_pragmas_wal_full_sync_and_busy_timeout(tmp_path: Path) -> None:

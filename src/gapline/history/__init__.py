@@ -19,6 +19,7 @@ from gapline.history._bridge import Bridge, CommandExecutor, LineWriter, stream_
 from gapline.history._engine import Engine
 from gapline.history._mirror import Mirror, MirrorError, State
 from gapline.history._publish import EventQueue, EventSink, Publisher
+from gapline.history._store_lock import StoreInUse
 from gapline.history._types import (
     READ_MARKER_ID,
     AcceptInvite,
@@ -205,6 +206,7 @@ __all__ = [
     "Shutdown",
     "StartVerification",
     "State",
+    "StoreInUse",
     "ThreadLatest",
     "ThreadSummary",
     "TimelineChanged",

@@ -194,7 +194,8 @@ class Admission:
             held = batch.get(event.event_id)
             if held.edits:
                 batch.put(event.event_id, only_sender(held, event.sender))
-            self._bundles(batch, event)
+            if "m.relations" in event.unsigned:  # what _bundles reads; most events have none
+                self._bundles(batch, event)
         names, me = s.names, store.me
         items = [
             render(e, batch.aggregates.get(e.event_id), sender_name=names.get(e.event_id), me=me)

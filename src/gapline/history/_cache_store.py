@@ -38,7 +38,9 @@ handed (:meth:`CacheStore.write_update`).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from hashlib import blake2b as _blake2b
 from typing import Any, Protocol
 
@@ -139,6 +141,14 @@ class CacheStore(CacheReads):
         """The account's user id, when known (a thread's "participated" needs it)."""
         self.relations = RelationTables(self)
         self.sends = SendTable(self)
+        self._gap_counts: dict[int, int] = {}  # gap_writes, by room number
+        self._gap_lock = threading.Lock()
+        self._rooms: dict[str, Room] = {}
+        """Room (and thread) ids registered in a committed transaction, with their number:
+        a ``history_room`` row is never removed nor renumbered once committed, so the
+        lookup every transaction starts with is answered from here. Filled only by
+        ``Tx.after_commit``: a registration that rolls back leaves no entry (its
+        number may then go to another room)."""
 
     @classmethod
     async def open(cls, backend: Backend, cipher: Cipher) -> CacheStore:
@@ -162,6 +172,9 @@ class CacheStore(CacheReads):
         return [_blake2b(i.encode(), key=subkey, digest_size=16).digest() for i in event_ids]
 
     def find_room(self, tx: Tx, room_id: str) -> Room | None:
+        known = self._rooms.get(room_id)
+        if known is not None:
+            return known
         key = self.room_key(room_id)
         row = tx.one("SELECT rid FROM history_room WHERE room = ?", (key,))
         return None if row is None else Room(int(row[0]), key)
@@ -344,6 +357,8 @@ class CacheStore(CacheReads):
         """The room's local number, registering the room on first sight."""
         found = self.find_room(tx, room_id)
         if found is not None:
+            if room_id not in self._rooms:
+                tx.after_commit(partial(self._rooms.__setitem__, room_id, found))
             return found
         key = self.room_key(room_id)
         row = tx.one("SELECT COALESCE(MAX(rid), 0) + 1 FROM history_room")
@@ -353,7 +368,9 @@ class CacheStore(CacheReads):
             "INSERT INTO history_room (room, rid, room_id) VALUES (?, ?, ?)",
             (key, rid, self.cipher.encrypt(room_id.encode(), key)),
         )
-        return Room(rid, key)
+        room = Room(rid, key)
+        tx.after_commit(partial(self._rooms.__setitem__, room_id, room))
+        return room
 
     def write_update(
         self,
@@ -370,8 +387,8 @@ class CacheStore(CacheReads):
             case EventsAdded(
                 ord=ord_, pos=pos, events=events, items=items, shown=shown, aggregates=held
             ):
-                # The per-event hot path of ingestion: one comprehension, locals only.
-                encode, encrypt, (rid, rkey) = self._encode, self.cipher.encrypt, room
+                # The per-event hot path of ingestion: comprehensions, locals only.
+                encode, (rid, rkey) = self._encode, room
                 keys = (
                     self.event_keys([e.event_id for e in events])
                     if event_key is None
@@ -388,32 +405,37 @@ class CacheStore(CacheReads):
                     else events
                 )
                 flags = [int(f) for f in shown] if shown else [1] * len(events)
-                rows = [
-                    (rid, ord_, p, ek, encrypt(encode(body), rkey + ek), flag)
-                    for p, body, ek, flag in zip(
-                        range(pos, pos + len(events)), bodies, keys, flags, strict=True
-                    )
-                ]
-                tx.executemany(
-                    "INSERT INTO history_event (room, ord, pos, event, body, shown)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    rows,
+                sealed = self.cipher.encrypt_many(
+                    [(encode(body), rkey + ek) for body, ek in zip(bodies, keys, strict=True)]
                 )
+                places = range(pos, pos + len(events))
                 if held and any(held):
-                    # The copy of each event's aggregate on its row (a room's own timeline
-                    # only: a thread's timeline reads its room's aggregates).
-                    seal = self.relations.seal
+                    # Each row with the copy of its event's aggregate, in the same insert (a
+                    # room's own timeline only: a thread's timeline reads its room's).
+                    with_agg = [(ek, a) for ek, a in zip(keys, held, strict=True) if a is not None]
+                    copies = iter(self.relations.seal_many(room, with_agg))
+                    aggs = [None if a is None else next(copies) for a in held]
                     tx.executemany(
-                        "UPDATE history_event SET agg = ? WHERE room = ? AND ord = ? AND pos = ?",
+                        "INSERT INTO history_event (room, ord, pos, event, body, shown, agg)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
                         [
-                            (seal(room, ek, a), rid, ord_, p)
-                            for p, ek, a in zip(
-                                range(pos, pos + len(events)), keys, held, strict=True
+                            (rid, ord_, p, ek, body, flag, agg)
+                            for p, ek, body, flag, agg in zip(
+                                places, keys, sealed, flags, aggs, strict=True
                             )
-                            if a is not None
+                        ],
+                    )
+                else:
+                    tx.executemany(
+                        "INSERT INTO history_event (room, ord, pos, event, body, shown)"
+                        " VALUES (?, ?, ?, ?, ?, ?)",
+                        [
+                            (rid, ord_, p, ek, body, flag)
+                            for p, ek, body, flag in zip(places, keys, sealed, flags, strict=True)
                         ],
                     )
             case GapAdded(gap=gap):
+                self._note_gap_write(room)
                 tx.execute(
                     "INSERT INTO history_gap (room, newer_ord, gap_id, older_ord, older_boundary,"
                     " newer_boundary, cursor, lifecycle, failure) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -426,12 +448,16 @@ class CacheStore(CacheReads):
                     ),
                 )
             case GapChanged(gap=gap):
-                tx.execute(
+                self._note_gap_write(room)
+                changed = tx.execute(
                     "UPDATE history_gap SET older_boundary = ?, newer_boundary = ?, cursor = ?,"
                     " lifecycle = ?, failure = ? WHERE room = ? AND gap_id = ?",
                     (*self._gap_values(room, gap), room.rid, gap.gap_id),
                 )
+                if changed != 1:  # the row is gone (or the count unknown): carry nothing
+                    self._note_gap_write(room)
             case GapRemoved(gap=gap):
+                self._note_gap_write(room)
                 tx.execute(
                     "DELETE FROM history_gap WHERE room = ? AND gap_id = ?", (room.rid, gap.gap_id)
                 )
@@ -473,6 +499,21 @@ class CacheStore(CacheReads):
                 for sealed, u, at in zip(bodies, rewrites, rooms, strict=True)
             ],
         )
+
+    def gap_writes(self, room: Room) -> int:
+        """How many writes of ``room``'s gaps this store has made, in any transaction
+        (committed, pending or rolled back).
+
+        A walk keeps the gap its page wrote and the count after that write; while the
+        count has not moved, the row is what that page left (this store being the only
+        writer of its history tables), so the next page does not read it back. Counted
+        when the write is made, not at commit: a write of another transaction, even one
+        that rolls back, makes the next page read the row."""
+        return self._gap_counts.get(room.rid, 0)
+
+    def _note_gap_write(self, room: Room) -> None:
+        with self._gap_lock:  # writer threads of PostgreSQL
+            self._gap_counts[room.rid] = self._gap_counts.get(room.rid, 0) + 1
 
     def _gap_values(self, room: Room, gap: GapRecord) -> tuple[Any, ...]:
         aad = room.key + gap.gap_id.encode()

@@ -58,6 +58,7 @@ from gapline.history._operations import Operations, Room
 from gapline.history._quotes import Quotes
 from gapline.history._send_queue import SendQueue
 from gapline.history._sending import Sending
+from gapline.history._store_lock import store_locked
 from gapline.history._sync import Sync
 from gapline.history._threads import Threads
 from gapline.history._timeline import Timeline
@@ -236,55 +237,60 @@ class Engine:
         publishes nowhere. ``sync=False`` runs no sync loop (drive it with
         :meth:`sync_once`). ``send`` starts the send queue's worker (default: with the
         sync loop; :meth:`start_sync` starts it too). A wrong passphrase raises
-        :class:`~gapline.storage.WrongPassphrase` before any network request.
+        :class:`~gapline.storage.WrongPassphrase` before any network request. A store
+        directory is one engine's at a time: opening it while another engine has it open
+        raises :class:`StoreInUse` (see ``_store_lock``); a backend passed in is the
+        caller's to keep to one engine.
         ``e2ee=True`` takes part in encrypted rooms: the device's crypto machine lives
         in the same store, opened once the client is logged in (at the first sync).
         """
         own_backend = isinstance(store, (str, os.PathLike))
-        if isinstance(store, (str, os.PathLike)):
-            backend: Backend = await open_backend(str(Path(store) / STORE_FILE))
-        else:
-            backend = store
-        try:
-            if cipher is None:
-                cipher = await open_cipher(backend, passphrase, kdf_cost=kdf_cost)
-            cache = await CacheStore.open(backend, cipher)
-            await finish_upgrades(cache)
-            if own_backend:
-                # Only a file of the engine's own: a backend passed in keeps its settings.
-                await tune_sqlite_writer(
-                    backend,
-                    cache_kib=WRITER_CACHE_KIB,
-                    wal_autocheckpoint_pages=WAL_CHECKPOINT_PAGES,
-                )
+        with contextlib.ExitStack() as held:
+            if isinstance(store, (str, os.PathLike)):
+                held.enter_context(store_locked(Path(store)))
+                backend: Backend = await open_backend(str(Path(store) / STORE_FILE))
+            else:
+                backend = store
+            try:
+                if cipher is None:
+                    cipher = await open_cipher(backend, passphrase, kdf_cost=kdf_cost)
+                cache = await CacheStore.open(backend, cipher)
+                await finish_upgrades(cache)
+                if own_backend:
+                    # Only a file of the engine's own: a backend passed in keeps its settings.
+                    await tune_sqlite_writer(
+                        backend,
+                        cache_kib=WRITER_CACHE_KIB,
+                        wal_autocheckpoint_pages=WAL_CHECKPOINT_PAGES,
+                    )
 
-            async def publish(event: Event) -> None:
-                if sink is not None:
-                    await sink.publish(event)
+                async def publish(event: Event) -> None:
+                    if sink is not None:
+                        await sink.publish(event)
 
-            async with asyncio.TaskGroup() as tg:
-                engine = cls(
-                    cache,
-                    client,
-                    config=config or EngineConfig(),
-                    publish=publish,
-                    tg=tg,
-                    sync_timeline_limit=sync_timeline_limit,
-                    sync_timeout_ms=sync_timeout_ms,
-                    e2ee=e2ee,
-                )
-                await engine._send_queue.announce()
-                if sync and client is not None:
-                    engine.start_sync()
-                elif send and client is not None:
-                    engine.start_sending()
-                try:
-                    yield engine
-                finally:
-                    await engine._shutdown()
-        finally:
-            if own_backend:
-                await backend.close()
+                async with asyncio.TaskGroup() as tg:
+                    engine = cls(
+                        cache,
+                        client,
+                        config=config or EngineConfig(),
+                        publish=publish,
+                        tg=tg,
+                        sync_timeline_limit=sync_timeline_limit,
+                        sync_timeout_ms=sync_timeout_ms,
+                        e2ee=e2ee,
+                    )
+                    await engine._send_queue.announce()
+                    if sync and client is not None:
+                        engine.start_sync()
+                    elif send and client is not None:
+                        engine.start_sending()
+                    try:
+                        yield engine
+                    finally:
+                        await engine._shutdown()
+            finally:
+                if own_backend:
+                    await backend.close()
 
     def start_sync(self) -> None:
         """Start the sync loop (once; later calls do nothing).

@@ -11,11 +11,14 @@ here only read, or apply the updates ``Sections`` emitted
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from gapline.history._aggregates import Aggregate, decode_aggregate, encode_aggregate
 from gapline.history._cache_schema import IN_LIST
+from gapline.history._member_cache import MemberCache
 from gapline.history._updates import (
     AggregateChanged,
     DetachedStored,
@@ -42,6 +45,12 @@ class RelationTables:
 
     def __init__(self, store: CacheStore) -> None:
         self._store = store
+        self._aggregates_none: set[int] = set()  # rooms known to hold no aggregate
+        self._aggregates_some: set[int] = set()  # rooms that may hold some
+        self._aggregates_lock = threading.Lock()  # writer threads of PostgreSQL
+        self.member_cache = MemberCache()
+        """Committed member records and name counts (``_member_cache``); every write of
+        ``history_member`` goes through :meth:`write`, which keeps it in step."""
 
     def _hashes(
         self, ids: Iterable[str], known: dict[str, bytes] | None = None
@@ -72,6 +81,8 @@ class RelationTables:
     ) -> dict[str, Aggregate]:
         """The aggregates held for ``event_ids`` (those with none are left out); ``known``
         may hold hashes the caller computed already."""
+        if not self._may_hold_aggregates(tx, room.rid):
+            return {}
         by_key = self._hashes(event_ids, known)
         out: dict[str, Aggregate] = {}
         for target, value in self._in(
@@ -84,14 +95,43 @@ class RelationTables:
             out[by_key[key]] = self.open(room, key, value)
         return out
 
+    def _may_hold_aggregates(self, tx: Tx, rid: int) -> bool:
+        """False only for a room known to hold no aggregate at all (most rooms of plain
+        messages, whose every batch would otherwise look its ids up for nothing).
+
+        Known from one read of the room, the first time; every write of an aggregate
+        says "may hold" at once, inside its transaction (so a later batch of the same
+        transaction looks up what an earlier one wrote), and for good: nothing turns
+        it back. A read's "none" is kept only if no write said otherwise meanwhile. Like
+        the member cache, this holds because the engine's store is the only writer of
+        its history tables."""
+        if rid in self._aggregates_none:
+            return False
+        if rid in self._aggregates_some:
+            return True
+        found = tx.one("SELECT 1 FROM history_aggregate WHERE room = ? LIMIT 1", (rid,))
+        with self._aggregates_lock:
+            if found is not None:
+                self._aggregates_some.add(rid)
+                return True
+            if rid not in self._aggregates_some:
+                self._aggregates_none.add(rid)
+                return False
+        return True
+
     def open(self, room: Room, event_key: bytes, sealed: Any) -> Aggregate:
         """A sealed aggregate (of ``history_aggregate`` or a row's copy)."""
         plain = self._store.cipher.decrypt(bytes(sealed), room.key + b"agg" + event_key)
         return decode_aggregate(plain)
 
     def seal(self, room: Room, event_key: bytes, aggregate: Aggregate) -> bytes:
-        return self._store.cipher.encrypt(
-            encode_aggregate(aggregate), room.key + b"agg" + event_key
+        [sealed] = self.seal_many(room, [(event_key, aggregate)])
+        return sealed
+
+    def seal_many(self, room: Room, entries: Sequence[tuple[bytes, Aggregate]]) -> list[bytes]:
+        """Aggregates sealed in one cipher call (a page's are written together)."""
+        return self._store.cipher.encrypt_many(
+            [(encode_aggregate(a), room.key + b"agg" + k) for k, a in entries]
         )
 
     def _put_aggregates(
@@ -105,15 +145,18 @@ class RelationTables:
         keys = [event_key(t) for t, _, _ in entries]
         empty = Aggregate()
         gone = [(room.rid, k) for k, (_, a, _) in zip(keys, entries, strict=True) if a == empty]
-        kept = [
-            (k, self.seal(room, k, a), on_row)
-            for k, (_, a, on_row) in zip(keys, entries, strict=True)
-            if a != empty
+        keep = [
+            (k, a, on_row) for k, (_, a, on_row) in zip(keys, entries, strict=True) if a != empty
         ]
+        sealed = self.seal_many(room, [(k, a) for k, a, _ in keep])
+        kept = [(k, s, on_row) for (k, _, on_row), s in zip(keep, sealed, strict=True)]
         if gone:
             tx.executemany("DELETE FROM history_aggregate WHERE room = ? AND target = ?", gone)
             tx.executemany("UPDATE history_event SET agg = NULL WHERE room = ? AND event = ?", gone)
         if kept:
+            with self._aggregates_lock:
+                self._aggregates_none.discard(room.rid)
+                self._aggregates_some.add(room.rid)
             tx.executemany(
                 "INSERT INTO history_aggregate (room, target, value) VALUES (?, ?, ?)"
                 " ON CONFLICT (room, target) DO UPDATE SET value = excluded.value",
@@ -175,17 +218,24 @@ class RelationTables:
     # -- members --------------------------------------------------------------------------
 
     def members(self, tx: Tx, room: Room, user_ids: Iterable[str]) -> dict[str, MemberRecord]:
-        by_key = {self._store.cipher.lookup_key("member:" + u): u for u in dict.fromkeys(user_ids)}
-        out: dict[str, MemberRecord] = {}
-        for member, value in self._in(
-            tx,
-            "SELECT member, value FROM history_member WHERE room = ? AND member IN ({marks})",
-            room,
-            list(by_key),
-        ):
-            record = self._open_member(room, bytes(member), value)
-            out[by_key[bytes(member)]] = record
-        return out
+        """The stored records of ``user_ids`` (inside a write: the cache answers for the
+        users it holds, and learns the others once this transaction commits)."""
+        cache = self.member_cache
+        known, missing = cache.records(room.rid, list(dict.fromkeys(user_ids)))
+        if missing:
+            generation = cache.generation(room.rid)
+            by_key = {self._store.cipher.lookup_key("member:" + u): u for u in missing}
+            read: dict[str, MemberRecord | None] = dict.fromkeys(missing)
+            for member, value in self._in(
+                tx,
+                "SELECT member, value FROM history_member WHERE room = ? AND member IN ({marks})",
+                room,
+                list(by_key),
+            ):
+                read[by_key[bytes(member)]] = self._open_member(room, bytes(member), value)
+            tx.after_commit(partial(cache.install, room.rid, generation, read))
+            known.update(read)
+        return {u: r for u, r in known.items() if r is not None}
 
     def all_members(self, tx: Tx, room: Room, limit: int = 100_000) -> list[MemberRecord]:
         rows = tx.all(
@@ -197,12 +247,20 @@ class RelationTables:
         )
 
     def name_holders(self, tx: Tx, room: Room, display_name: str) -> int:
-        """How many present members use ``display_name``."""
+        """How many present members use ``display_name`` (inside a write; cached like
+        :meth:`members`)."""
+        cache = self.member_cache
+        held = cache.holders(room.rid, display_name)
+        if held is not None:
+            return held
+        generation = cache.generation(room.rid)
         row = tx.one(
             "SELECT COUNT(*) FROM history_member WHERE room = ? AND name = ? AND present = 1",
             (room.rid, self._name_key(display_name)),
         )
-        return 0 if row is None else int(row[0])
+        count = 0 if row is None else int(row[0])
+        tx.after_commit(partial(cache.install, room.rid, generation, None, {display_name: count}))
+        return count
 
     def _name_key(self, display_name: str) -> bytes:
         return self._store.cipher.lookup_key("member-name:" + display_name)
@@ -268,18 +326,26 @@ class RelationTables:
             case RelationIndexed(entries=entries):
                 events = [event_key(e) for e, _, _ in entries]
                 targets = [event_key(t) for _, t, _ in entries]
-                encrypt = self._store.cipher.encrypt
+                sealed = self._store.cipher.encrypt_many(
+                    [
+                        (target.encode(), room.key + b"rel" + e)
+                        for e, (_, target, _) in zip(events, entries, strict=True)
+                    ]
+                )
                 tx.executemany(
                     "INSERT INTO history_relation (room, event, target, target_id, kind)"
                     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (room, event) DO NOTHING",
                     [
-                        (room.rid, e, t, encrypt(target.encode(), room.key + b"rel" + e), kind)
-                        for e, t, (_, target, kind) in zip(events, targets, entries, strict=True)
+                        (room.rid, e, t, s, kind)
+                        for e, t, s, (_, _, kind) in zip(
+                            events, targets, sealed, entries, strict=True
+                        )
                     ],
                 )
             case MembersUpdated(members=members):
                 for record in members:
                     self._put_member(tx, room, record)
+                tx.after_commit(partial(self.member_cache.invalidate, room.rid))
             case DetachedStored(event_id=event_id, event=event):
                 key = event_key(event_id)
                 body = (

@@ -84,6 +84,8 @@ class WalkState:
 
     anchor: Key | None = None
     gap_id: str | None = None
+    gap: GapRecord | None = None  # as the previous page left it, valid while the store
+    gap_writes: int = 0  # counts this many writes of the room's gaps (``gap_writes``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,17 +397,10 @@ class Sections:
         placed, effects = admission.admit(EventsAdded(0, 0, tuple(s.event for s in stored)))
         admission.placing, admission.deferred, admission.refresh = True, False, set()
         assert placed.shown is not None
-        # Every row's new body in one statement; the timeline reads none of these, so
-        # they are not queued for it.
-        self.store.rewrite_events(
-            self.tx,
-            self.room,
-            [
-                EventRewritten(before.key, after, before.sender_name)
-                for before, after in zip(stored, placed.events, strict=True)
-            ],
-            self._key,
-        )
+        # Every row's new body in one statement (not queued: the timeline reads none).
+        pairs = zip(stored, placed.events, strict=True)
+        rewrites = [EventRewritten(b.key, a, b.sender_name) for b, a in pairs]
+        self.store.rewrite_events(self.tx, self.room, rewrites, self._key)
         hidden, copies = [], []
         for before, after, shown, rel in zip(
             stored, placed.events, placed.shown, rels, strict=True
@@ -508,7 +503,13 @@ class Sections:
         anchor = state.anchor
         gap: GapRecord | None = None
         if state.gap_id is not None:
-            gap = store.gap_by_id(tx, room, state.gap_id)
+            gap = state.gap  # as the previous page left it, if nothing wrote gaps since
+            if (
+                gap is None
+                or gap.gap_id != state.gap_id
+                or store.gap_writes(room) != state.gap_writes
+            ):
+                gap = store.gap_by_id(tx, room, state.gap_id)
             if gap is None:
                 return PageResult(WalkState(anchor), 0, True, False, None)
             if anchor is None:
@@ -587,13 +588,15 @@ class Sections:
             changed = replace(changed, cursor=end)
         if then is not None and not start_reached:
             changed = replace(changed, lifecycle=then, failure=None)
+        writes = store.gap_writes(room)
         if new_gap:
             self._emit(GapAdded(changed))
+            writes += 1
         elif changed != gap:
             self._emit(GapChanged(changed))
-        return PageResult(
-            WalkState(anchor, changed.gap_id), len(run), False, start_reached, changed
-        )
+            writes += 1
+        state = WalkState(anchor, changed.gap_id, changed, writes)
+        return PageResult(state, len(run), False, start_reached, changed)
 
     def set_gap_state(
         self, gap_id: str, lifecycle: GapLifecycle, failure: str | None = None

@@ -239,11 +239,9 @@ class Timeline:
         return diffs
 
     async def prepend_read(self, read: Callable[[Key], Awaitable[Window]]) -> Window | None:
-        """Rows older than the oldest loaded one, read and placed at the front with no
-        update applied in between (``None``: closed, or nothing older is retained). An
-        update committed during the read (a heal of these very rows) waits in the queue
-        and is applied to them after, as in ``reload``: applied first, it would miss
-        rows not yet held, and they would show as they were read."""
+        """Rows older than the oldest loaded one, read and placed at the front under the
+        lock (``None``: closed, or none older): an update committed during the read (a heal
+        of these rows) is applied to them after, as in ``reload``, not missed before."""
         async with self._lock:
             low = self._low
             if self.closed or self.complete_below or low is None:
@@ -401,6 +399,22 @@ class Timeline:
         self._items[i] = item
         return Set(i, item)
 
+    def _place(self, placed: Sequence[tuple[RowKey, TimelineItem]], out: list[VectorDiff]) -> None:
+        """Rows new to the window, in key order: those past the end as one ``Append``."""
+        appended: list[TimelineItem] = []
+        for row_key, row in placed:
+            if not self._keys or row_key > self._keys[-1]:
+                self._keys.append(row_key)
+                self._items.append(row)
+                appended.append(row)
+                continue
+            if appended:
+                out.append(Append(tuple(appended)))
+                appended = []
+            out.append(self._insert(row_key, row))
+        if appended:
+            out.append(Append(tuple(appended)))
+
     def _apply(self, update: Update) -> list[VectorDiff]:
         out: list[VectorDiff] = []
         match update:
@@ -408,14 +422,14 @@ class Timeline:
                 rows = items if items is not None else [render(e, None) for e in events]
                 flags = shown if shown is not None else (True,) * len(events)
                 by_event = self._receipts.readers()
-                appended: list[TimelineItem] = []
+                # The loop of every page placed: locals, one bisect per row (the index
+                # that says whether the row is loaded is where it goes).
+                keys, echoes, quoting = self._keys, self._echoes, self._quoting
+                fully_read, high = self._receipts.fully_read, self._high
                 for i, item in enumerate(rows):
                     key = (ord_, pos + i, 1)
-                    txn = self._echoes.answered(events[i])
+                    txn = echoes.answered(events[i]) if echoes.keys else None
                     if txn is not None:
-                        if appended:
-                            out.append(Append(tuple(appended)))
-                            appended = []
                         shown_here = flags[i] and self._visible(key[:2]) and not self._contains(key)
                         placed_item = with_receipts(item, by_event)
                         out.extend(self._settle_echo(txn, key if shown_here else None, placed_item))
@@ -425,34 +439,39 @@ class Timeline:
                                 self._low = key[:2]
                             out.extend(self._quoted(item))
                             continue
+                    at, low = key[:2], self._low
+                    visible = (high is None or at <= high) and (
+                        self.complete_below or (low is not None and at >= low)
+                    )
+                    event_id = item.event_id
                     if not flags[i]:
-                        if self._visible(key[:2]):
-                            self._hidden.append(item.event_id)
-                        out.extend(self._quoted(item))  # a hidden event may still be quoted
+                        if visible:
+                            self._hidden.append(event_id)
+                        if event_id in quoting:  # a hidden event may still be quoted
+                            out.extend(self._quoted(item))
                         continue
-                    if not self._visible(key[:2]) or self._contains(key):
+                    if not visible:
+                        continue
+                    j = bisect.bisect_left(keys, key)
+                    if j < len(keys) and keys[j] == key:
                         continue
                     self._track(key, item)
-                    placed = [(key, with_receipts(item, by_event))]
-                    if item.event_id == self._receipts.fully_read:
-                        placed.append(((ord_, pos + i, 2), ReadMarkerItem()))
-                    for row_key, row in placed:
-                        if not self._keys or row_key > self._keys[-1]:
-                            # Appends at the end batch into one diff.
-                            self._keys.append(row_key)
-                            self._items.append(row)
-                            appended.append(row)
-                            continue
-                        if appended:
-                            out.append(Append(tuple(appended)))
-                            appended = []
-                        out.append(self._insert(row_key, row))
-                    if self._low is None or key[:2] < self._low:
-                        self._low = key[:2]
-                    if appended:
-                        out.append(Append(tuple(appended)))
-                        appended = []
-                    out.extend(self._quoted(item))
+                    row = with_receipts(item, by_event)
+                    if event_id == fully_read:
+                        self._place(((key, row), ((ord_, pos + i, 2), ReadMarkerItem())), out)
+                    elif j == len(keys):  # at the end: appended, as one diff
+                        keys.append(key)
+                        self._items.append(row)
+                        out.append(Append((row,)))
+                    else:
+                        row = echoes.aliased(row)
+                        keys.insert(j, key)
+                        self._items.insert(j, row)
+                        out.append(Insert(j, row))
+                    if low is None or at < low:
+                        self._low = at
+                    if event_id in quoting:
+                        out.extend(self._quoted(item))
             case GapAdded(gap=gap) | GapChanged(gap=gap):
                 if gap.is_top:
                     return out
@@ -516,8 +535,7 @@ class Timeline:
         return out
 
     def _healed(self, rows: Sequence[tuple[ClientEvent, str | None]]) -> list[VectorDiff]:
-        """``RowChanged`` for the healed events this timeline holds or quotes, rendered
-        here: the others are not rendered at all."""
+        """``RowChanged`` for the healed events held or quoted here; no other is rendered."""
         out: list[VectorDiff] = []
         held, quoting = self._event_keys, self._quoting
         for event, name in rows:

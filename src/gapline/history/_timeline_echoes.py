@@ -71,7 +71,7 @@ class EchoRows:
 
     def aliased(self, item: TimelineItem) -> TimelineItem:
         """An event that took over an echo's row keeps showing under the echo's id."""
-        if isinstance(item, EventItem) and item.send_state is None:
+        if self._aliases and isinstance(item, EventItem) and item.send_state is None:
             alias = self._aliases.get(item.event_id)
             if alias is not None and alias != item.id:
                 return replace(item, id=alias)

@@ -72,6 +72,18 @@ class Tx(Protocol):
         """
         ...
 
+    def after_commit(self, hook: Callable[[], None]) -> None:
+        """Run ``hook()`` on the writer thread once this transaction has committed.
+
+        Hooks run in the order registered, right after the COMMIT and before
+        any later transaction of the same writer starts, and before the
+        callers resume; a rolled-back savepoint or transaction drops its
+        hooks. A hook that raises leaves the commit in place: its exception
+        becomes the outcome of the operation that registered it. Only writes
+        commit: a read that registers one fails with ``TypeError``.
+        """
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Migration:

@@ -26,6 +26,7 @@ from gapline.storage._backend import Dialect
 from gapline.storage._errors import (
     BackendUnavailable,
 )
+from gapline.storage._hooks import refuse_read_hooks
 from gapline.storage._notify import NotificationHub
 from gapline.storage._pooled import PooledBackend
 from gapline.storage._postgres_listen import _Listener
@@ -170,10 +171,12 @@ class _PostgresReaderSession:
 
     def _run_once(self, op: Callable[[Any], T]) -> T:
         try:
-            return op(self._tx)
+            result = op(self._tx)
         finally:
             with contextlib.suppress(psycopg.Error):
                 self._conn.rollback()
+        refuse_read_hooks(self._tx.hooks)
+        return result
 
     def close(self) -> None:
         self._conn.close()

@@ -24,6 +24,7 @@ from gapline.storage._errors import (
     OperationalError,
     StorageError,
 )
+from gapline.storage._hooks import CommitHooks
 
 __all__ = ["map_postgres_error", "rewrite_placeholders"]
 
@@ -116,7 +117,7 @@ class PostgresTx:
     trip. An operation that sends nothing costs nothing.
     """
 
-    __slots__ = ("_aux", "_cur", "_reconnect", "conn", "lead", "pipelined")
+    __slots__ = ("_aux", "_cur", "_reconnect", "conn", "hooks", "lead", "pipelined")
 
     def __init__(
         self,
@@ -126,6 +127,7 @@ class PostgresTx:
         self._reconnect = reconnect
         self.pipelined = True  # False: one_after runs its statements one by one
         self.lead: list[str] = []
+        self.hooks = CommitHooks()
         self.bind(conn)
 
     def bind(self, conn: psycopg.Connection[Any]) -> None:
@@ -243,6 +245,9 @@ class PostgresTx:
     def notify(self, channel: str, payload: str) -> None:
         # Delivered by the server at COMMIT; discarded if the savepoint rolls back.
         self._run("SELECT pg_notify(?, ?)", (channel, payload))
+
+    def after_commit(self, hook: Callable[[], None]) -> None:
+        self.hooks.add(hook)
 
     # The server drops notifications of rolled-back savepoints: nothing to track here.
     def notes_mark(self) -> int:

@@ -26,6 +26,7 @@ from gapline.storage._errors import (
     OperationalError,
     StorageError,
 )
+from gapline.storage._hooks import CommitHooks, refuse_read_hooks
 from gapline.storage._notify import NotificationHub
 from gapline.storage._pooled import PooledBackend
 from gapline.storage._writer import GroupCommitWriter, ReaderPool
@@ -69,11 +70,12 @@ def map_sqlite_error(exc: BaseException) -> BaseException:
 class _SQLiteTx:
     """What an operation sees. Driver errors are mapped where they are raised."""
 
-    __slots__ = ("_conn", "_notes")
+    __slots__ = ("_conn", "_notes", "hooks")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self._notes: list[tuple[str, str]] = []
+        self.hooks = CommitHooks()
 
     @property
     def dialect(self) -> Dialect:
@@ -112,6 +114,9 @@ class _SQLiteTx:
 
     def notify(self, channel: str, payload: str) -> None:
         self._notes.append((channel, payload))
+
+    def after_commit(self, hook: Callable[[], None]) -> None:
+        self.hooks.add(hook)
 
     # Used by the writer loop so a rolled-back savepoint publishes nothing.
     def notes_mark(self) -> int:
@@ -204,10 +209,12 @@ class _SQLiteReaderSession:
         except sqlite3.Error as exc:
             raise map_sqlite_error(exc) from exc
         try:
-            return op(self._tx)
+            result = op(self._tx)
         finally:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
+        refuse_read_hooks(self._tx.hooks)
+        return result
 
     def close(self) -> None:
         self._conn.close()

@@ -74,7 +74,7 @@ _Outcome = tuple["asyncio.Future[Any]", bool, Any]
 class WriterSession(Protocol):
     """One writer connection and its transaction statements."""
 
-    tx: Any  # the Tx handed to operations; exposes notes_mark/notes_truncate/take_notes
+    tx: Any  # the Tx handed to operations; exposes notes_mark/notes_truncate/take_notes, hooks
 
     def begin(self, grouped: bool) -> None:
         """Open the transaction; ``grouped``: savepoints follow (a session may defer it)."""
@@ -250,6 +250,9 @@ class GroupCommitWriter:
             self._fail_all(live, session.map_error(exc))
             return
         tx = session.tx
+        hooks = tx.hooks
+        # (first, end, callers): the hooks each op (or batch call) registered, by index.
+        owners: list[tuple[int, int, list[asyncio.Future[Any]]]] = []
         if solo is not None:
             # Alone in its transaction: no savepoint needed, a failure rolls back everything.
             fut = live[0][1]
@@ -261,12 +264,15 @@ class GroupCommitWriter:
                 with contextlib.suppress(BaseException):
                     session.rollback()
                 tx.take_notes()
+                hooks.take()
                 self._deliver([(fut, False, exc)], live)
                 return
             outcomes.append((fut, True, result))
+            owners.append((0, hooks.mark(), [fut]))
         else:
             try:
                 for fn, group in _groups(live):
+                    first = hooks.mark()
                     if fn is not None:
                         self._run_batched(session, fn, group, outcomes)
                     else:
@@ -274,6 +280,7 @@ class GroupCommitWriter:
                         assert not isinstance(op, _Batched)
                         ok, value = self._run_isolated(session, op)
                         outcomes.append((fut, ok, value))
+                    owners.append((first, hooks.mark(), [item[1] for item in group]))
             except _ConnectionBroken as broken:
                 self._abort(live, session, broken.error)
                 return
@@ -286,6 +293,9 @@ class GroupCommitWriter:
         notes = tx.take_notes()
         if notes and self._hub is not None:
             self._hub.publish(notes)
+        ran = hooks.take()
+        if ran:
+            outcomes = _run_hooks(ran, owners, outcomes)
         self._deliver(outcomes, live)
 
     @staticmethod
@@ -294,7 +304,7 @@ class GroupCommitWriter:
         with exactly its changes and notifications rolled back on failure. Raises
         :class:`_ConnectionBroken` when the savepoint statements themselves fail."""
         tx = session.tx
-        mark = tx.notes_mark()
+        mark, hooks_mark = tx.notes_mark(), tx.hooks.mark()
         try:
             session.savepoint()
         except BaseException as exc:
@@ -310,6 +320,7 @@ class GroupCommitWriter:
             except BaseException as broken:
                 raise _ConnectionBroken(broken) from broken
             tx.notes_truncate(mark)
+            tx.hooks.truncate(hooks_mark)
             return False, exc
         try:
             session.release()
@@ -350,6 +361,7 @@ class GroupCommitWriter:
         with contextlib.suppress(BaseException):
             session.rollback()
         session.tx.take_notes()
+        session.tx.hooks.take()
         self._fail_all(live, session.map_error(exc))
 
     def _fail_all(self, live: list[_Item], exc: BaseException) -> None:
@@ -402,6 +414,26 @@ def _call_batch(fn: BatchFn[Any, Any], items: list[Any], tx: Any) -> Sequence[An
             f"for {len(items)}"
         )
     return outcomes
+
+
+def _run_hooks(
+    hooks: list[Callable[[], None]],
+    owners: list[tuple[int, int, list[asyncio.Future[Any]]]],
+    outcomes: list[_Outcome],
+) -> list[_Outcome]:
+    """Run a committed transaction's hooks in order; an op whose hook raised gets that
+    exception as its outcome (its write stays committed)."""
+    failed: dict[asyncio.Future[Any], BaseException] = {}
+    for first, end, callers in owners:
+        for hook in hooks[first:end]:
+            try:
+                hook()
+            except BaseException as exc:  # noqa: BLE001 - it belongs to the caller
+                for fut in callers:
+                    failed.setdefault(fut, exc)
+    if not failed:
+        return outcomes
+    return [(fut, False, failed[fut]) if fut in failed else (fut, ok, v) for fut, ok, v in outcomes]
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, outcomes: list[_Outcome]) -> None:
