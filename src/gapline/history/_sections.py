@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from gapline.history._admission import Admission
@@ -60,10 +60,11 @@ from gapline.history._updates import (
     StoredEvent,
     Update,
 )
+from gapline.history._walk_state import PageResult, WalkState
 from gapline.matrix import ClientEvent
 from gapline.storage import Tx
 
-__all__ = ["PageResult", "Sections", "WalkState", "new_gap_id"]
+__all__ = ["Sections", "new_gap_id"]
 
 log = logging.getLogger("gapline.history")
 
@@ -72,37 +73,6 @@ ROOM_CREATE = "m.room.create"
 
 def new_gap_id() -> str:
     return "gap-" + secrets.token_hex(8)
-
-
-@dataclass(frozen=True, slots=True)
-class WalkState:
-    """Where a backwards walk stands between pages.
-
-    ``anchor`` is the head of the section being extended (``None`` before a
-    recent load met its first event); ``gap_id`` is the gap right below it.
-    """
-
-    anchor: Key | None = None
-    gap_id: str | None = None
-    gap: GapRecord | None = None  # as the previous page left it, valid while the store
-    gap_writes: int = 0  # counts this many writes of the room's gaps (``gap_writes``)
-
-
-@dataclass(frozen=True, slots=True)
-class PageResult:
-    """What one committed page did. Outcome flags, never guesses:
-
-    - ``joined``: an event of the page was already retained below the walked
-      gap (or the walk met retained history with nothing missing below it);
-    - ``start_reached``: the server has nothing older (no ``end``, or the page
-      held ``m.room.create``), so the gap is now ``Unavailable``.
-    """
-
-    state: WalkState
-    inserted: int
-    joined: bool
-    start_reached: bool
-    gap: GapRecord | None
 
 
 _CONTENT_RELATIONS = (RelKind.REPLACE, RelKind.ANNOTATION)

@@ -50,7 +50,7 @@ from gapline.history._operations import (
     shielded,
     uncancel,
 )
-from gapline.history._sections import PageResult, Sections, WalkState
+from gapline.history._sections import Sections
 from gapline.history._types import (
     Answer,
     Continuity,
@@ -69,6 +69,7 @@ from gapline.history._types import (
     RepairStop,
     RoomBusy,
 )
+from gapline.history._walk_state import PageResult, WalkState
 from gapline.matrix import MatrixClient, MessagesResponse, RelationsResponse, Request
 from gapline.storage import StorageError
 
