@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,3 +89,40 @@ def test_an_initial_sync_queries_every_tracked_user_again() -> None:
     alice.machine.receive_sync(server.sync(*alice.me), initial=True)
     alice.pump()
     assert {d.device_id for d in alice.machine.devices_of("@bob:x")} == {"B1", "B2"}
+
+
+class _ChangesDuringWrite:
+    """A backend whose next write lets another step change the machine meanwhile (as a
+    fill decrypting while a commit of the driver's is under way)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self.during_next_write: Callable[[], None] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    async def write(self, op: Callable[[Tx], Any]) -> Any:
+        result = await self._backend.write(op)
+        step, self.during_next_write = self.during_next_write, None
+        if step is not None:
+            step()
+        return result
+
+
+async def test_changes_made_while_a_commit_runs_are_saved_before_requests_are_sent(
+    backend: Backend,
+) -> None:
+    server, clock = KeyServer(), Clock()
+    online(server, clock, ("@bob:x", "B1"))
+    racing = _ChangesDuringWrite(backend)
+    driver = await _driver(racing, server, clock)  # ty: ignore[invalid-argument-type]
+    driver.machine.update_tracked_users(["@bob:x"])  # a change, and a keys query to send
+    racing.during_next_write = lambda: driver.machine.set_room_encryption(
+        "!other:x", {"algorithm": "m.megolm.v1.aes-sha2"}
+    )
+    await driver.send_outgoing()  # used to raise UnsavedChanges after its first commit
+    assert racing.during_next_write is None and not driver.machine.has_unsaved_changes
+    state = await backend.read(load_state)
+    assert "!other:x" in {r.room_id for r in state.rooms}
+    assert "B1" in {d.device_id for d in driver.machine.devices_of("@bob:x")}

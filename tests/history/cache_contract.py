@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gapline.history._cache_store import CacheStore
-from gapline.history._sections import Sections, WalkState
+from gapline.history._sections import Sections
 from gapline.history._types import GapLifecycle
 from gapline.history._updates import (
     EventsAdded,
@@ -23,6 +23,7 @@ from gapline.history._updates import (
     GapRemoved,
     ReceiptsChanged,
 )
+from gapline.history._walk_state import WalkState
 from gapline.matrix import ClientEvent
 from gapline.storage import Backend, KdfParams, open_backend, open_cipher
 

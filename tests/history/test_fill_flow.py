@@ -11,7 +11,7 @@ from gapline.history._fill import (
     WalkOutcome,
     backwards_walk,
 )
-from gapline.history._sections import PageResult, WalkState
+from gapline.history._walk_state import PageResult, WalkState
 from gapline.matrix import ClientEvent, MessagesResponse
 
 

@@ -14,9 +14,10 @@ import pytest
 
 from gapline.history import EngineConfig, FillGap, HistoryRepair
 from gapline.history._cache_store import CacheStore
-from gapline.history._sections import Sections, WalkState
+from gapline.history._sections import Sections
 from gapline.history._types import GapLifecycle
 from gapline.history._updates import EventsAdded, GapAdded, MemberRecord, MembersUpdated
+from gapline.history._walk_state import WalkState
 from gapline.matrix import ClientEvent
 from tests.history.cache_contract import open_cache
 from tests.history.relations_support import make_world, open_settled, reader, rows

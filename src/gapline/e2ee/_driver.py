@@ -33,6 +33,7 @@ from ._store import save_changes
 from ._types import (
     DecryptedEvent,
     KeyUpdates,
+    OutgoingRequest,
     RequestKind,
     ShareReport,
     ShareState,
@@ -124,6 +125,16 @@ class CryptoDriver:
         self._machine = await open_machine(self._backend, self._store_key, user_id=m.user_id,
                                            device_id=m.device_id, clock=self._clock)  # fmt: skip
 
+    async def _saved_requests(self) -> list[OutgoingRequest]:
+        """The outgoing requests, once every pending change is saved.
+
+        Other steps change the machine while a commit is under way (a fill or a heal
+        decrypting marks indexes as seen), so one commit may leave new changes behind;
+        commit until none are left, then build the requests with no await between."""
+        while self._machine.has_unsaved_changes:
+            await self.commit()
+        return self._machine.outgoing_requests()
+
     async def send_outgoing(self, *, max_rounds: int = 8) -> SendResult:
         """Send every outgoing request, report the answers, commit after each answer.
 
@@ -131,12 +142,11 @@ class CryptoDriver:
         waiting to-device sender) are sent in further rounds, up to ``max_rounds``. A
         request that fails is dropped for now (the machine builds it again later).
         """
-        await self.commit()
         updates: list[KeyUpdates] = []
         failed: list[tuple[RequestKind, MatrixError]] = []
         tried: set[str] = set()
         for _ in range(max_rounds):
-            batch = [r for r in self._machine.outgoing_requests() if r.request_id not in tried]
+            batch = [r for r in await self._saved_requests() if r.request_id not in tried]
             if not batch:
                 break
             for req in batch:

@@ -162,6 +162,9 @@ class Admission:
         self.refresh: set[str] = set()
         """Events whose rows now read differently though no relation changed them (a
         healed thread reply: its root's summary quotes it again)."""
+        self.deferred = False
+        """Rows of a batch taking the plain path are not rendered (``items`` is None):
+        the caller has them rendered where they are shown (a heal, ``RowsHealed``)."""
         self.thread_replies: dict[str, list[ClientEvent]] = {}
         """Thread replies newly admitted to the room's timeline, by root (for thread views)."""
 
@@ -245,14 +248,17 @@ class Admission:
         if any("m.relations" in e.unsigned for e in events):
             return None
         s = self.s
-        names = s.names
-        items = [render(e, None, sender_name=names.get(e.event_id)) for e in events]
-        if any("m.relates_to" in e.content for e in events):
-            items = self._reader().with_quotes(events, items)
         if s.thread_root is None:
             shown = tuple(e.type not in (REDACTION, REACTION) for e in events)
         else:
             shown = (True,) * len(events)
+        quoting = any("m.relates_to" in e.content for e in events)
+        if self.deferred and not quoting:
+            return EventsAdded(update.ord, update.pos, tuple(events), None, shown)
+        names = s.names
+        items = [render(e, None, sender_name=names.get(e.event_id)) for e in events]
+        if quoting:
+            items = self._reader().with_quotes(events, items)
         return EventsAdded(update.ord, update.pos, tuple(events), tuple(items), shown)
 
     def _row(self, batch: _Batch, event: ClientEvent) -> EventItem:

@@ -66,6 +66,7 @@ from gapline.history._updates import (
     RelationIndexed,
     Room,
     RowChanged,
+    RowsHealed,
     RowsHidden,
     StoredEvent,
     Update,
@@ -190,8 +191,12 @@ class CacheStore(CacheReads):
         return decoded, None
 
     def seal_body(self, aad: bytes, event: ClientEvent, sender_name: str | None) -> bytes:
-        body = event if sender_name is None else (event, RowMeta(sender_name))
-        return self.cipher.encrypt(self._encode(body), aad)
+        return self.cipher.encrypt(self._body(event, sender_name), aad)
+
+    def _body(self, event: ClientEvent, sender_name: str | None) -> bytes:
+        """An event body as it is sealed: [event, meta] with a sender's name, else the
+        bare event."""
+        return self._encode(event if sender_name is None else (event, RowMeta(sender_name)))
 
     def _open_event(self, room: Room, event: bytes, body: bytes) -> ClientEvent:
         return self.open_body(room.key + bytes(event), body)[0]
@@ -469,7 +474,7 @@ class CacheStore(CacheReads):
                     "UPDATE history_event SET shown = 0 WHERE room = ? AND ord = ? AND pos = ?",
                     [(room.rid, o, p) for o, p in keys],
                 )
-            case RowChanged():
+            case RowChanged() | RowsHealed():
                 pass  # a row shows what the stored event and its aggregate say: nothing to store
 
     def rewrite_events(
@@ -481,13 +486,17 @@ class CacheStore(CacheReads):
     ) -> None:
         """Store events again in place (same row), in one statement: a heal rewrites
         thousands at once, and a statement per row was a third of its write."""
-        seal, key_of = self.seal_body, event_key or self.event_key
+        body, key_of = self._body, event_key or self.event_key
+        rooms = [u.room or room for u in rewrites]
+        bodies = self.cipher.encrypt_many(
+            (body(u.event, u.sender_name), at.key + key_of(u.event.event_id))
+            for u, at in zip(rewrites, rooms, strict=True)
+        )  # as seal_body seals each, the nonces drawn at once
         tx.executemany(
             "UPDATE history_event SET body = ? WHERE room = ? AND ord = ? AND pos = ?",
             [
-                (seal(at.key + key_of(u.event.event_id), u.event, u.sender_name), at.rid, *u.key)
-                for u in rewrites
-                for at in (u.room or room,)
+                (sealed, at.rid, *u.key)
+                for sealed, u, at in zip(bodies, rewrites, rooms, strict=True)
             ],
         )
 

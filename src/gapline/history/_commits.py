@@ -18,7 +18,13 @@ from typing import Any, TypeVar
 from gapline.history._cache_store import CacheStore, split_timeline_key, thread_key
 from gapline.history._operations import Room
 from gapline.history._sections import Sections
-from gapline.history._updates import DetachedStored, EchoSettled, RowChanged, Update
+from gapline.history._updates import (
+    DetachedStored,
+    EchoSettled,
+    RowChanged,
+    RowsHealed,
+    Update,
+)
 from gapline.storage import Tx
 
 __all__ = ["Commits", "HistoryWrite"]
@@ -64,7 +70,11 @@ class Commits:
         target = room if root is None else room.threads.get(root)
         if target is not None:
             target.timeline.queue(updates)
-        shared = [u for u in updates if isinstance(u, RowChanged | DetachedStored | EchoSettled)]
+        shared = [
+            u
+            for u in updates
+            if isinstance(u, RowChanged | RowsHealed | DetachedStored | EchoSettled)
+        ]
         if shared:
             for other in (room, *room.threads.values()):
                 if other is not target:

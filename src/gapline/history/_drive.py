@@ -2,7 +2,7 @@
 
 The flow decides; :func:`drive` carries out its effects with the two functions
 it is given, ``fetch`` (a ``/messages`` page) and ``commit`` (a page into the
-store), and keeps the :class:`~gapline.history._sections.WalkState` from one
+store), and keeps the :class:`~gapline.history._walk_state.WalkState` from one
 committed page to the next. What the driver guarantees:
 
 - while a page commits, the next page (the flow's ``prefetch``) is already
@@ -27,7 +27,7 @@ from typing import Any
 from gapline.history._failures import describe
 from gapline.history._fill import Commit, Fetch, WalkCancelled, WalkFailed, WalkFlow, WalkOutcome
 from gapline.history._operations import uncancel
-from gapline.history._sections import PageResult, WalkState
+from gapline.history._walk_state import PageResult, WalkState
 from gapline.matrix import MatrixError, MessagesResponse, Request
 from gapline.storage import StorageError
 

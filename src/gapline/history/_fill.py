@@ -6,7 +6,7 @@ ends and what it counted) and does no I/O. It yields two kinds of effects:
 - :class:`Fetch` carries a ``gapline.matrix`` request; send it the
   ``MessagesResponse``;
 - :class:`Commit` carries the page to commit (events and the new cursor, in one
-  transaction); send it the :class:`~gapline.history._sections.PageResult`.
+  transaction); send it the :class:`~gapline.history._walk_state.PageResult`.
 
 A driver that cannot complete an effect throws :class:`WalkFailed` (the
 server failed) or :class:`WalkCancelled` into the flow, which then returns
@@ -21,7 +21,7 @@ import enum
 from collections.abc import Generator
 from dataclasses import dataclass
 
-from gapline.history._sections import PageResult
+from gapline.history._walk_state import PageResult
 from gapline.matrix import ClientEvent, Direction, MessagesResponse, Request, api
 
 __all__ = [

@@ -11,7 +11,9 @@ caller reads them in chunks (:func:`retained_chunk`), decrypts them on the
 event loop, and :func:`heal` rewrites each one that decrypted: the stored
 event becomes the plaintext event, it passes the relation rules as if it had
 just arrived (an edit applies, a reaction counts), and its row changes by
-one ``RowChanged`` (a ``Set`` diff, same row id, never a reset). A quote
+one ``RowChanged`` (a ``Set`` diff, same row id, never a reset; for rows that
+read as their plaintext alone, one ``RowsHealed`` for the chunk, rendered by each
+open timeline for the rows it holds or quotes). A quote
 heals by :func:`heal_detached` (its replies requote it). An event that
 still does not decrypt keeps its entry; an entry whose event is gone or no
 longer waits for a key is dropped.
@@ -245,11 +247,12 @@ def heal(
     tx: Tx,
     room_id: str,
     healed: Sequence[StoredEvent],
-    entries: Iterable[tuple[bytes, bytes]],
+    entries: Sequence[tuple[bytes, bytes]],
 ) -> dict[str, list[Update]]:
     """Rewrite retained events that decrypted now (each: where it was read, under the
     crypto lock, holding its plaintext event as the cache keeps it) and show them; drop
-    their index ``entries`` (event hash, session hash).
+    their index ``entries`` (event hash, session hash; one per event, in its order: the
+    hashes read with the rows serve the write, which need not compute them again).
 
     Only healing rewrites an undecryptable event's body, and every heal runs under the
     engine's crypto lock, so what was read is what is stored (keys never move; a
@@ -257,6 +260,9 @@ def heal(
     if not healed:
         return {}
     sections = Sections(store, tx, room_id)
+    sections.known_keys.update(
+        zip((s.event_id for s in healed), (event for event, _ in entries), strict=True)
+    )
     sections.heal(healed)
     drop_entries(tx, sections.room, entries)
     return {room_id: sections.updates}

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from gapline.history._admission import Admission
@@ -55,14 +55,16 @@ from gapline.history._updates import (
     ReceiptsChanged,
     RelationIndexed,
     RowChanged,
+    RowsHealed,
     RowsHidden,
     StoredEvent,
     Update,
 )
+from gapline.history._walk_state import PageResult, WalkState
 from gapline.matrix import ClientEvent
 from gapline.storage import Tx
 
-__all__ = ["PageResult", "Sections", "WalkState", "new_gap_id"]
+__all__ = ["Sections", "new_gap_id"]
 
 log = logging.getLogger("gapline.history")
 
@@ -71,37 +73,6 @@ ROOM_CREATE = "m.room.create"
 
 def new_gap_id() -> str:
     return "gap-" + secrets.token_hex(8)
-
-
-@dataclass(frozen=True, slots=True)
-class WalkState:
-    """Where a backwards walk stands between pages.
-
-    ``anchor`` is the head of the section being extended (``None`` before a
-    recent load met its first event); ``gap_id`` is the gap right below it.
-    """
-
-    anchor: Key | None = None
-    gap_id: str | None = None
-    gap: GapRecord | None = None  # as the previous page left it, valid while the store
-    gap_writes: int = 0  # counts this many writes of the room's gaps (``gap_writes``)
-
-
-@dataclass(frozen=True, slots=True)
-class PageResult:
-    """What one committed page did. Outcome flags, never guesses:
-
-    - ``joined``: an event of the page was already retained below the walked
-      gap (or the walk met retained history with nothing missing below it);
-    - ``start_reached``: the server has nothing older (no ``end``, or the page
-      held ``m.room.create``), so the gap is now ``Unavailable``.
-    """
-
-    state: WalkState
-    inserted: int
-    joined: bool
-    start_reached: bool
-    gap: GapRecord | None
 
 
 _CONTENT_RELATIONS = (RelKind.REPLACE, RelKind.ANNOTATION)
@@ -381,34 +352,41 @@ class Sections:
             return
         # An edit or a reaction took no effect while its content was unreadable: let it
         # take effect now. A thread reply counted already (its relation is cleartext).
+        rels = [relation_of(s.event) for s in stored]
         again = [
             s.event_id
-            for s in stored
-            if (r := relation_of(s.event)) is not None and r.kind in _CONTENT_RELATIONS
+            for s, r in zip(stored, rels, strict=True)
+            if r is not None and r.kind in _CONTENT_RELATIONS
         ]
         if again:
             self.store.relations.forget(self.tx, self.agg_room, again, self.known_keys)  # fmt: skip
         self.names.update((s.event_id, s.sender_name) for s in stored if s.sender_name)
-        self.admission.placing = False
-        self.admission.refresh = {s.event_id for s in stored}
-        placed, effects = self.admission.admit(EventsAdded(0, 0, tuple(s.event for s in stored)))
-        self.admission.placing, self.admission.refresh = True, set()
-        assert placed.items is not None and placed.shown is not None
-        # Every row's new body in one statement (the timeline reads none of these).
-        rewrites = [
-            EventRewritten(before.key, after, before.sender_name)
-            for before, after in zip(stored, placed.events, strict=True)
-        ]
+        admission = self.admission
+        admission.placing, admission.deferred = False, True
+        admission.refresh = {s.event_id for s in stored}
+        placed, effects = admission.admit(EventsAdded(0, 0, tuple(s.event for s in stored)))
+        admission.placing, admission.deferred, admission.refresh = True, False, set()
+        assert placed.shown is not None
+        # Every row's new body in one statement (not queued: the timeline reads none).
+        pairs = zip(stored, placed.events, strict=True)
+        rewrites = [EventRewritten(b.key, a, b.sender_name) for b, a in pairs]
         self.store.rewrite_events(self.tx, self.room, rewrites, self._key)
-        self.updates.extend(rewrites)
         hidden, copies = [], []
-        for before, after, item, shown in zip(
-            stored, placed.events, placed.items, placed.shown, strict=True
+        for before, after, shown, rel in zip(
+            stored, placed.events, placed.shown, rels, strict=True
         ):
-            self.admission._rewrite_thread_copy(before, after, copies)  # a thread's own copy
-            self._emit(RowChanged(item))  # wherever its row is loaded: room or thread
+            if rel is not None:  # a thread reply's own copy (an event with no relation has none)
+                admission._rewrite_thread_copy(before, after, copies)
             if not shown:
                 hidden.append(before.key)
+        # Wherever its row is loaded (room or thread) each row changes: rendered here when
+        # the rules had to (relations, quotes), else by the timelines for the rows they hold.
+        if placed.items is None:
+            names = self.names
+            self._emit(RowsHealed(tuple((e, names.get(e.event_id)) for e in placed.events)))
+        else:
+            for item in placed.items:
+                self._emit(RowChanged(item))
         if hidden:
             self._emit(RowsHidden(tuple(hidden)))
         for effect in (*copies, *effects):

@@ -24,7 +24,8 @@ still queued.
 
 Local echoes (messages in the send queue) sit after every event at
 ``(ECHO_ORD, seq, 1)`` (``_timeline_echoes``); receipts are in
-``_timeline_receipts``, the rows quoting each event in ``_timeline_quotes``.
+``_timeline_receipts``, the rows quoting each event in ``_timeline_quotes``, and
+the sorted rows with the edits that return their diffs in ``_timeline_rows``.
 """
 
 from __future__ import annotations
@@ -39,10 +40,9 @@ from gapline.history._cache_store import Window
 from gapline.history._echoes import ECHO_ORD
 from gapline.history._items import EventItem, InReplyTo, Member
 from gapline.history._render import preview_of, render, reply_preview
-from gapline.history._timeline_echoes import EchoRows
 from gapline.history._timeline_parts import RowKey, bare_rows, better_quote, event_of, gap_item
-from gapline.history._timeline_quotes import QuotingRows
 from gapline.history._timeline_receipts import RowReceipts, with_receipts
+from gapline.history._timeline_rows import SortedRows
 from gapline.history._types import (
     Append,
     Event,
@@ -72,15 +72,17 @@ from gapline.history._updates import (
     MembersUpdated,
     ReceiptsChanged,
     RowChanged,
+    RowsHealed,
     Update,
 )
+from gapline.matrix import ClientEvent
 
 __all__ = ["Timeline", "gap_item"]
 
 _GAP_POS = -(2**62)
 
 
-class Timeline:
+class Timeline(SortedRows):
     """One open room's (or thread's) rows, oldest first, and its queue of updates.
 
     The cache queues each committed batch of updates with :meth:`queue`;
@@ -97,13 +99,12 @@ class Timeline:
         max_rows: int = 3000,
         on_quotes: Callable[[set[str]], None] | None = None,
     ) -> None:
+        super().__init__()
         self.room_id = room_id
         self.thread_root = thread_root
         self.max_rows = max_rows
         self._publish = publish
         self._on_quotes = on_quotes
-        self._keys: list[RowKey] = []
-        self._items: list[TimelineItem] = []
         self._pending: list[Update] = []
         self._lock = asyncio.Lock()
         self._low: Key | None = None  # oldest loaded row; None: none loaded
@@ -111,14 +112,11 @@ class Timeline:
         self.complete_below = True  # the window holds the room's oldest retained event
         self.generation = 0  # moves on every reload: a read begun before it is stale
         self._receipts = RowReceipts()
-        self._event_keys: dict[str, RowKey] = {}
-        self._quoting = QuotingRows()
         # Recent events that are not rows (reactions, edits...): a gap opened behind one
         # of them still has its older side loaded. Bounded: only the newest matter.
         self._hidden: deque[str] = deque(maxlen=64)
         self.closed = False
         self._ready = False  # until the reset is built, queued updates wait
-        self._echoes = EchoRows()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -208,20 +206,6 @@ class Timeline:
         aliased = self._echoes.aliased
         return [(key, aliased(item)) for key, item in rows]
 
-    def _track(self, key: RowKey, item: EventItem) -> None:
-        self._event_keys[item.event_id] = key
-        self._quoting.add(key, item)
-
-    def _untrack(self, key: RowKey, item: TimelineItem) -> None:
-        if not isinstance(item, EventItem):
-            return
-        if key[0] == ECHO_ORD:
-            self._echoes.untrack(key, item)
-            return
-        if self._event_keys.get(item.event_id) == key:
-            del self._event_keys[item.event_id]
-        self._quoting.discard(key, item)
-
     def prepend_window(self, window: Window, generation: int | None = None) -> list[VectorDiff]:
         """Older retained rows read from the store, inserted at the front; rows past the
         bound go at the newest end. A read begun before a reload is dropped."""
@@ -235,6 +219,21 @@ class Timeline:
             self._low = window.events[0].key
         diffs.extend(self._bound())
         return diffs
+
+    async def prepend_read(self, read: Callable[[Key], Awaitable[Window]]) -> Window | None:
+        """Rows older than the oldest loaded one, read and placed at the front under the
+        lock (``None``: closed, or none older): an update committed during the read (a heal
+        of these rows) is applied to them after, as in ``reload``, not missed before."""
+        async with self._lock:
+            low = self._low
+            if self.closed or self.complete_below or low is None:
+                return None
+            window = await read(low)
+            diffs = self.prepend_window(window)
+            if diffs:
+                await self._publish(TimelineChanged(self.room_id, tuple(diffs), self.thread_root))
+        self.note_quotes()
+        return window
 
     def _bound(self, *, newest: bool = True) -> list[VectorDiff]:
         """Keep at most ``max_rows`` rows.
@@ -343,61 +342,6 @@ class Timeline:
             return False
         return self.complete_below or (self._low is not None and key >= self._low)
 
-    def _index(self, key: RowKey) -> int | None:
-        i = bisect.bisect_left(self._keys, key)
-        return i if i < len(self._keys) and self._keys[i] == key else None
-
-    def _contains(self, key: RowKey) -> bool:
-        return self._index(key) is not None
-
-    def _item_at(self, key: RowKey) -> TimelineItem | None:
-        i = self._index(key)
-        return None if i is None else self._items[i]
-
-    def _insert(self, key: RowKey, item: TimelineItem) -> VectorDiff:
-        item = self._echoes.aliased(item)
-        i = bisect.bisect_left(self._keys, key)
-        self._keys.insert(i, key)
-        self._items.insert(i, item)
-        return Insert(i, item)
-
-    def _remove(self, key: RowKey) -> VectorDiff | None:
-        i = self._index(key)
-        if i is None:
-            return None
-        self._untrack(key, self._items[i])
-        del self._keys[i]
-        del self._items[i]
-        return Remove(i)
-
-    def _set(self, key: RowKey, item: TimelineItem) -> VectorDiff | None:
-        item = self._echoes.aliased(item)
-        i = self._index(key)
-        if i is None or self._items[i] == item:
-            return None
-        old = self._items[i]
-        self._untrack(key, old)
-        if isinstance(item, EventItem) and key[0] != ECHO_ORD:
-            self._track(key, item)
-        self._items[i] = item
-        return Set(i, item)
-
-    def _place(self, placed: Sequence[tuple[RowKey, TimelineItem]], out: list[VectorDiff]) -> None:
-        """Rows new to the window, in key order: those past the end as one ``Append``."""
-        appended: list[TimelineItem] = []
-        for row_key, row in placed:
-            if not self._keys or row_key > self._keys[-1]:
-                self._keys.append(row_key)
-                self._items.append(row)
-                appended.append(row)
-                continue
-            if appended:
-                out.append(Append(tuple(appended)))
-                appended = []
-            out.append(self._insert(row_key, row))
-        if appended:
-            out.append(Append(tuple(appended)))
-
     def _apply(self, update: Update) -> list[VectorDiff]:
         out: list[VectorDiff] = []
         match update:
@@ -480,12 +424,15 @@ class Timeline:
                         quote = item.in_reply_to
                         if quote is not None and current.in_reply_to is not None:
                             quote = better_quote(current.in_reply_to, quote)
-                        diff = self._set(
-                            key, replace(item, receipts=current.receipts, in_reply_to=quote)
-                        )
+                        row = item  # as it comes when nothing is to carry over (a heal)
+                        if current.receipts != item.receipts or quote is not item.in_reply_to:
+                            row = replace(item, receipts=current.receipts, in_reply_to=quote)
+                        diff = self._set(key, row)
                         if diff is not None:
                             out.append(diff)
                 out.extend(self._quoted(item))
+            case RowsHealed(rows=rows):
+                out.extend(self._healed(rows))
             case DetachedStored(event_id=event_id, item=item):
                 quote = reply_preview(event_id, item, unavailable=item is None)
                 out.extend(self._requote(event_id, quote))
@@ -512,6 +459,15 @@ class Timeline:
                     diff = self._remove(key)
                     if diff is not None:
                         out.append(diff)
+        return out
+
+    def _healed(self, rows: Sequence[tuple[ClientEvent, str | None]]) -> list[VectorDiff]:
+        """``RowChanged`` for the healed events held or quoted here; no other is rendered."""
+        out: list[VectorDiff] = []
+        held, quoting = self._event_keys, self._quoting
+        for event, name in rows:
+            if event.event_id in held or event.event_id in quoting:
+                out.extend(self._apply(RowChanged(render(event, None, sender_name=name))))
         return out
 
     def _settle_echo(self, txn: str, key: RowKey | None, item: EventItem) -> list[VectorDiff]:

@@ -42,6 +42,7 @@ __all__ = [
     "RelationIndexed",
     "Room",
     "RowChanged",
+    "RowsHealed",
     "RowsHidden",
     "StoredEvent",
     "Update",
@@ -163,6 +164,21 @@ class RowChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class RowsHealed:
+    """Retained events that decrypted now and show as their plaintext alone (nothing
+    relates to them, they relate to nothing, so each row is ``render(event)`` with the
+    sender's name): ``RowChanged`` for each, rendered where it is applied and only for
+    the rows a timeline holds or quotes. A heal is thousands of rows and an open
+    window a few hundred; rendering all of them in the write cost a third of it.
+
+    It reaches a timeline exactly as those ``RowChanged`` would (in commit order, to
+    the room's and its threads' open timelines), and a row is rendered against what
+    the timeline holds when it is applied, as theirs were."""
+
+    rows: tuple[tuple[ClientEvent, str | None], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class AggregateChanged:
     """What the cache holds about events from their relations (stored; not rows), as
     ``(target, aggregate, on_row)``: ``on_row`` says the retained event's row still needs
@@ -256,6 +272,7 @@ Update = (
     | GapRemoved
     | ReceiptsChanged
     | RowChanged
+    | RowsHealed
     | AggregateChanged
     | EventRewritten
     | RelationIndexed

@@ -50,7 +50,7 @@ from gapline.history._operations import (
     shielded,
     uncancel,
 )
-from gapline.history._sections import PageResult, Sections, WalkState
+from gapline.history._sections import Sections
 from gapline.history._types import (
     Answer,
     Continuity,
@@ -69,6 +69,7 @@ from gapline.history._types import (
     RepairStop,
     RoomBusy,
 )
+from gapline.history._walk_state import PageResult, WalkState
 from gapline.matrix import MatrixClient, MessagesResponse, RelationsResponse, Request
 from gapline.storage import StorageError
 
@@ -372,16 +373,14 @@ class Walks:
         try:
             await self.flush(room)
             remaining = count
-            if not timeline.complete_below and timeline.low is not None:
-                generation = timeline.generation
-                window = await self._store.load_older(
-                    room.room_id, timeline.low, count, thread_root=room.thread_root
+            window = await timeline.prepend_read(
+                lambda low: self._store.load_older(
+                    room.room_id, low, count, thread_root=room.thread_root
                 )
-                if generation != timeline.generation:
-                    return Ok()  # the window was reloaded meanwhile: this read is stale
+            )
+            if window is not None:
                 if len(window.events) < count:
                     timeline.complete_below = True
-                await timeline.publish_diffs(timeline.prepend_window(window, generation))
                 remaining -= len(window.events)
                 if remaining <= 0:
                     return Ok()
