@@ -8,6 +8,7 @@ send it SIGHUP, exactly as closing a terminal window does.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -116,7 +117,15 @@ class TerminalChild:
         self.proc.send_signal(signum)
 
     def wait(self, timeout: float = 120.0) -> int:
-        code = self.proc.wait(timeout)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # What a hang looks like from outside, for the one who reads the failure.
+            session = "\n".join(processes_in_session(self.proc.pid)) or "(none)"
+            raise AssertionError(
+                f"{self.proc.args!r} still ran {timeout:g} s later; the terminal showed:\n"
+                f"{self.text()[-3000:]}\nprocesses in its session:\n{session}"
+            ) from None
         self._stop.set()
         self._reader.join()
         return code
@@ -142,3 +151,27 @@ def processes_mentioning(text: str) -> list[str]:
         if text in cmdline and str(os.getpid()) != entry.name:
             found.append(f"{entry.name} {cmdline}")
     return found
+
+
+def processes_in_session(sid: int) -> list[str]:
+    """``pid state command line`` of each running process in session ``sid`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # state ppid pgrp session ...
+        if int(fields[3]) == sid:
+            found.append(f"{entry.name} {fields[0]} {cmdline}")
+    return found
+
+
+def kill_mentioning(text: str) -> None:
+    """SIGKILL every process whose command line contains ``text`` (what a failed test left)."""
+    for line in processes_mentioning(text):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split(" ", 1)[0]), signal.SIGKILL)

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ import pytest
 from gapline.clikit import Exit
 from gapline.matrix.devserver import synapse_available
 from gapline.tui.demo import CRASH_KEY_ENV
-from tests.terminal import TerminalChild, processes_mentioning
+from tests.terminal import TerminalChild, kill_mentioning, processes_mentioning
 
 pytestmark = [pytest.mark.synapse, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -41,10 +42,13 @@ def needs_synapse() -> None:
 
 
 @pytest.fixture
-def tmpdir_of_the_demo(tmp_path: Path) -> Path:
+def tmpdir_of_the_demo(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "tmp"
     path.mkdir()
-    return path
+    yield path
+    # A failed test may leave the demo's homeserver running (it has a session of its
+    # own): stop it here, so later tests do not share the machine with it.
+    kill_mentioning(str(path))
 
 
 def env_for(tmpdir: Path, **extra: str) -> dict[str, str]:
