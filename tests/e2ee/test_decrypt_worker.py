@@ -20,7 +20,7 @@ from gapline.e2ee import (
     UtdReason,
     decrypt_worker,
 )
-from gapline.e2ee._megolm_worker import _LEN, HELLO
+from gapline.e2ee._megolm_worker import FRAME_LEN, HELLO
 from gapline.matrix import ClientEvent
 
 from .harness import Clock, Room, online
@@ -30,7 +30,7 @@ from .keyserver import KeyServer
 _DIES = (
     sys.executable,
     "-c",
-    f"import sys; sys.stdout.buffer.write({_LEN.pack(len(HELLO)) + HELLO!r}); sys.stdout.flush()",
+    f"import sys; sys.stdout.buffer.write({FRAME_LEN.pack(len(HELLO)) + HELLO!r}); sys.stdout.flush()",
 )
 
 

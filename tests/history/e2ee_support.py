@@ -84,10 +84,17 @@ class Scene:
             ROOM, "m.room.message", {"msgtype": "m.text", "body": body, **extra}
         )
         self.bob.commit()
+        return self._from_bob("$e", "m.room.encrypted", content)
+
+    def plain(self, body: str, **extra: Any) -> ClientEvent:
+        """A message bob sends in plaintext (in the same order as his encrypted ones)."""
+        return self._from_bob("$p", "m.room.message", {"msgtype": "m.text", "body": body, **extra})
+
+    def _from_bob(self, prefix: str, event_type: str, content: dict[str, Any]) -> ClientEvent:
         n = next(self.ids)
         return ClientEvent(
-            event_id=f"$e{n}",
-            type="m.room.encrypted",
+            event_id=f"{prefix}{n}",
+            type=event_type,
             sender="@bob:x",
             origin_server_ts=2_000 + n,
             content=content,

@@ -20,7 +20,6 @@ from gapline.history import (
     Set,
     TimelineChanged,
 )
-from gapline.matrix import ClientEvent
 from tests.history.e2ee_support import ROOM, Scene, scene
 
 WINDOW = 100  # EngineConfig.open_window: the newest rows an OpenRoom loads
@@ -38,17 +37,6 @@ def _set_ids(s: Scene) -> list[str]:
         for d in e.diffs
         if isinstance(d, Set) and isinstance(d.value, EventItem)
     ]
-
-
-def _plain(s: Scene, body: str, **extra) -> ClientEvent:
-    n = next(s.ids)
-    return ClientEvent(
-        event_id=f"$p{n}",
-        type="m.room.message",
-        sender="@bob:x",
-        origin_server_ts=2_000 + n,
-        content={"msgtype": "m.text", "body": body, **extra},
-    )
 
 
 async def test_rows_the_open_timeline_does_not_hold_heal_in_the_store_and_show_when_loaded(
@@ -99,9 +87,9 @@ async def test_a_held_reply_quoting_a_healed_row_it_does_not_hold_quotes_its_tex
         await s.join_encrypted_room()
         s.server.hold_to_device = True
         quoted = s.encrypted("the quoted words")
-        filler = [_plain(s, f"filler {i}") for i in range(WINDOW)]
+        filler = [s.plain(f"filler {i}") for i in range(WINDOW)]
         relates = {"m.in_reply_to": {"event_id": quoted.event_id}}
-        reply = _plain(s, "my answer", **{"m.relates_to": relates})
+        reply = s.plain("my answer", **{"m.relates_to": relates})
         await s.sync(quoted, *filler, reply)
         await s.engine.execute(OpenRoom(ROOM))
         await s.engine.wait_quotes()

@@ -16,14 +16,14 @@ import msgspec
 import pytest
 
 from gapline.e2ee import DecryptWorker, DecryptWorkers
-from gapline.e2ee._megolm_worker import _LEN, HELLO
+from gapline.e2ee._megolm_worker import FRAME_LEN, HELLO
 from gapline.history import EventItem, OpenRoom, Set, TimelineChanged, _crypto, _heal_pass
 from tests.history.e2ee_support import ROOM, scene
 
 _DIES = (
     sys.executable,
     "-c",
-    f"import sys; sys.stdout.buffer.write({_LEN.pack(len(HELLO)) + HELLO!r}); sys.stdout.flush()",
+    f"import sys; sys.stdout.buffer.write({FRAME_LEN.pack(len(HELLO)) + HELLO!r}); sys.stdout.flush()",
 )
 
 _GET = DecryptWorkers.get  # the real one (each heal below wraps it anew)

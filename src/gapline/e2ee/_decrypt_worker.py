@@ -39,7 +39,7 @@ import msgspec
 from gapline.matrix import ClientEvent
 
 from ._machine import CryptoMachine
-from ._megolm_worker import _LEN, HELLO, Job, RawDecryption
+from ._megolm_worker import FRAME_LEN, HELLO, Job, RawDecryption
 from ._types import MEGOLM
 
 __all__ = ["DecryptWorker", "DecryptWorkers", "decrypt_worker"]
@@ -115,8 +115,8 @@ class DecryptWorker:
 
     async def _frame(self) -> bytes:
         assert self._proc is not None and self._proc.stdout is not None
-        head = await self._proc.stdout.readexactly(_LEN.size)
-        (size,) = _LEN.unpack(head)
+        head = await self._proc.stdout.readexactly(FRAME_LEN.size)
+        (size,) = FRAME_LEN.unpack(head)
         return await self._proc.stdout.readexactly(size)
 
     async def send(
@@ -154,7 +154,7 @@ class DecryptWorker:
             # Not drained here: the loop hands the frame to the pipe as the child reads
             # it, while the caller goes on (it writes the last chunk meanwhile). One job
             # is in flight at a time, so what is buffered stays one chunk's ciphertexts.
-            self._proc.stdin.write(_LEN.pack(len(body)) + body)
+            self._proc.stdin.write(FRAME_LEN.pack(len(body)) + body)
         except _FAILURES as exc:
             self._fail("could not be given a chunk", exc)
             return False
@@ -188,7 +188,7 @@ class DecryptWorker:
         self._slots.clear()
         body = _encode(Job(None, [], [], forget=True))
         try:
-            self._proc.stdin.write(_LEN.pack(len(body)) + body)
+            self._proc.stdin.write(FRAME_LEN.pack(len(body)) + body)
         except _FAILURES as exc:
             self._fail("could not be told to forget its sessions", exc)
             return

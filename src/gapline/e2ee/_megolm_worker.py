@@ -25,7 +25,7 @@ from typing import BinaryIO
 import msgspec
 import vodozemac
 
-_LEN = struct.Struct(">I")
+FRAME_LEN = struct.Struct(">I")
 PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged process
 
 
@@ -69,16 +69,16 @@ def decrypt_one(session: vodozemac.InboundGroupSession, ciphertext: str) -> RawD
 
 
 def write_frame(out: BinaryIO, body: bytes) -> None:
-    out.write(_LEN.pack(len(body)))
+    out.write(FRAME_LEN.pack(len(body)))
     out.write(body)
     out.flush()
 
 
 def read_frame(inp: BinaryIO) -> bytes | None:
-    head = inp.read(_LEN.size)
-    if len(head) < _LEN.size:
+    head = inp.read(FRAME_LEN.size)
+    if len(head) < FRAME_LEN.size:
         return None  # the parent closed the pipe: the work is over
-    (size,) = _LEN.unpack(head)
+    (size,) = FRAME_LEN.unpack(head)
     body = inp.read(size)
     if len(body) < size:
         return None

@@ -408,32 +408,23 @@ class CacheStore(CacheReads):
                 sealed = self.cipher.encrypt_many(
                     [(encode(body), rkey + ek) for body, ek in zip(bodies, keys, strict=True)]
                 )
-                places = range(pos, pos + len(events))
+                aggs: list[bytes | None] = [None] * len(events)
                 if held and any(held):
                     # Each row with the copy of its event's aggregate, in the same insert (a
                     # room's own timeline only: a thread's timeline reads its room's).
                     with_agg = [(ek, a) for ek, a in zip(keys, held, strict=True) if a is not None]
                     copies = iter(self.relations.seal_many(room, with_agg))
                     aggs = [None if a is None else next(copies) for a in held]
-                    tx.executemany(
-                        "INSERT INTO history_event (room, ord, pos, event, body, shown, agg)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        [
-                            (rid, ord_, p, ek, body, flag, agg)
-                            for p, ek, body, flag, agg in zip(
-                                places, keys, sealed, flags, aggs, strict=True
-                            )
-                        ],
-                    )
-                else:
-                    tx.executemany(
-                        "INSERT INTO history_event (room, ord, pos, event, body, shown)"
-                        " VALUES (?, ?, ?, ?, ?, ?)",
-                        [
-                            (rid, ord_, p, ek, body, flag)
-                            for p, ek, body, flag in zip(places, keys, sealed, flags, strict=True)
-                        ],
-                    )
+                tx.executemany(
+                    "INSERT INTO history_event (room, ord, pos, event, body, shown, agg)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (rid, ord_, p, ek, body, flag, agg)
+                        for p, ek, body, flag, agg in zip(
+                            range(pos, pos + len(events)), keys, sealed, flags, aggs, strict=True
+                        )
+                    ],
+                )
             case GapAdded(gap=gap):
                 self._note_gap_write(room)
                 tx.execute(

@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 __all__ = ["PRESENT", "RelationTables"]
 
 PRESENT = ("join", "invite")
-_SEALED_KEPT = 4096  # sealed aggregates remembered (RelationTables._sealed)
 """Memberships whose display name counts when deciding whether two names clash."""
+
+_SEALED_KEPT = 4096  # sealed aggregates remembered (RelationTables._sealed)
 
 
 class RelationTables:

@@ -110,7 +110,6 @@ class Timeline(SortedRows):
         self._low: Key | None = None  # oldest loaded row; None: none loaded
         self._high: Key | None = None  # newest loaded row when detached from the live end
         self.complete_below = True  # the window holds the room's oldest retained event
-        self.generation = 0  # moves on every reload: a read begun before it is stale
         self._receipts = RowReceipts()
         # Recent events that are not rows (reactions, edits...): a gap opened behind one
         # of them still has its older side loaded. Bounded: only the newest matter.
@@ -159,7 +158,6 @@ class Timeline(SortedRows):
         if window.hidden_tail is not None:
             self._hidden.append(window.hidden_tail)
         self._high = None
-        self.generation += 1
         self.complete_below = len(window.events) < limit
         self._low = window.events[0].key if window.events else None
         for key, item in self._rows(window):
@@ -206,11 +204,11 @@ class Timeline(SortedRows):
         aliased = self._echoes.aliased
         return [(key, aliased(item)) for key, item in rows]
 
-    def prepend_window(self, window: Window, generation: int | None = None) -> list[VectorDiff]:
+    def _prepend_window(self, window: Window) -> list[VectorDiff]:
         """Older retained rows read from the store, inserted at the front; rows past the
-        bound go at the newest end. A read begun before a reload is dropped."""
+        bound go at the newest end (under the lock: no reload runs meanwhile)."""
         diffs: list[VectorDiff] = []
-        if not window.events or (generation is not None and generation != self.generation):
+        if not window.events:
             return diffs
         rows = [row for row in self._rows(window) if not self._contains(row[0])]
         for key, item in rows:
@@ -229,7 +227,7 @@ class Timeline(SortedRows):
             if self.closed or self.complete_below or low is None:
                 return None
             window = await read(low)
-            diffs = self.prepend_window(window)
+            diffs = self._prepend_window(window)
             if diffs:
                 await self._publish(TimelineChanged(self.room_id, tuple(diffs), self.thread_root))
         self.note_quotes()
