@@ -13,8 +13,19 @@ committed page to the next. What the driver guarantees:
 - cancelling the driving task is thrown into the flow as
   :class:`WalkCancelled` and becomes an outcome, not an error; a page whose
   commit was under way still lands and is counted first;
-- every committed page is flushed to the room's timeline before the next
-  effect runs.
+- every committed page is flushed to the room's timeline before the page
+  after it commits: at once when the next page has not arrived yet (the loop
+  would only wait for it), else while the next page's COMMIT is on disk. The
+  store's thread calls the commit's ``stored`` once the page's statements ran:
+  the loop, idle while the writer runs them (a busy loop keeps the GIL from
+  the writer), then flushes during the fsync, which holds no GIL. Flushing
+  before handing the next page over would leave the writer waiting for the
+  loop, and the fsync overlapping nothing (the two threads still race for
+  the GIL between the call and the COMMIT: when the loop wins, the flush
+  runs first, as it would have). The last page is flushed by the caller, as
+  it settles the walk. Nothing a commit computes reads the
+  timeline: a page is placed from the store, and the timeline applies
+  updates in commit order whenever it flushes.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
 from typing import Any
 
 from gapline.history._failures import describe
@@ -36,8 +48,24 @@ __all__ = ["CommitPage", "FetchPage", "drive"]
 FetchPage = Callable[[Request], Coroutine[Any, Any, MessagesResponse]]
 """Send one ``/messages`` request; raises ``MatrixError`` when the server fails."""
 
-CommitPage = Callable[[WalkState, Commit], Coroutine[Any, Any, PageResult]]
-"""Commit one page from where the walk stands; raises ``StorageError`` when the store fails."""
+CommitPage = Callable[[WalkState, Commit, Callable[[], None]], Coroutine[Any, Any, PageResult]]
+"""Commit one page from where the walk stands; raises ``StorageError`` when the store fails.
+The third argument (``stored``) is to be called from the store's thread once the page's
+statements ran, before its COMMIT."""
+
+
+def _settle(ready: asyncio.Future[None], _task: object = None) -> None:
+    if not ready.done():
+        ready.set_result(None)
+
+
+def _waker(loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> Callable[[], None]:
+    """A commit's ``stored``: called from the store's thread, it settles ``ready`` on the loop."""
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(_settle, ready)
+
+    return wake
 
 
 async def _discard(task: asyncio.Task[MessagesResponse]) -> None:
@@ -59,11 +87,17 @@ async def drive(
     # The prefetched request and its task. Owned here: it is read by the next
     # Fetch, or cancelled and awaited (a stale one at once, the last one on exit).
     ahead: tuple[Request, asyncio.Task[MessagesResponse]] | None = None
+    loop = asyncio.get_running_loop()
+    unflushed = False  # the last committed page is not flushed yet
     try:
         effect = next(flow)
         while True:
             try:
                 if isinstance(effect, Fetch):
+                    arrived = ahead is not None and ahead[0] == effect.request and ahead[1].done()
+                    if unflushed and not arrived:
+                        unflushed = False
+                        await flush()
                     try:
                         if ahead is not None and ahead[0] == effect.request:
                             task, ahead = ahead[1], None
@@ -83,10 +117,16 @@ async def drive(
                     # when this task is cancelled meanwhile, once more below. Started
                     # before the prefetch, so the page reaches the store's thread
                     # before the next request's work takes the event loop.
-                    committing = asyncio.create_task(commit(state, effect))
+                    ready = loop.create_future()
+                    committing = asyncio.create_task(commit(state, effect, _waker(loop, ready)))
                     if effect.prefetch is not None:
                         ahead = (effect.prefetch, asyncio.create_task(fetch(effect.prefetch)))
                     try:
+                        if unflushed:
+                            unflushed = False
+                            committing.add_done_callback(partial(_settle, ready))
+                            await ready
+                            await flush()
                         result = await asyncio.shield(committing)
                     except asyncio.CancelledError:
                         # The page is committed whatever happens: count it, then stop.
@@ -103,8 +143,8 @@ async def drive(
                         continue
                     state = result.state
                     # The flow counts the page before anything else can be cancelled.
+                    unflushed = True
                     effect = flow.send(result)
-                    await flush()
             except asyncio.CancelledError:
                 uncancel()
                 try:

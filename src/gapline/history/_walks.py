@@ -140,7 +140,7 @@ class Walks:
                 chunk = await self._backup.complete_page(room.room_id, chunk)
             return msgspec.structs.replace(page, chunk=chunk)
 
-        async def commit(at: WalkState, effect: Commit) -> PageResult:
+        async def commit(at: WalkState, effect: Commit, stored: Callable[[], None]) -> PageResult:
             then = GapLifecycle.Paused if pause_at_budget and effect.last else None
             changes = None if crypto is None else crypto.take_changes()
 
@@ -150,6 +150,7 @@ class Walks:
                 result = s.walk_page(at, effect.chunk, effect.end, then=then)
                 if crypto is not None:
                     index_undecrypted(self._store, s.tx, room.room_id, effect.chunk)
+                stored()  # the loop may flush the page before this one during the COMMIT
                 return result
 
             return await self._commits.room_write(room.room_id, page, thread_root=room.thread_root)
