@@ -46,6 +46,11 @@ class Commits:
 
     async def run(self, op: HistoryWrite[T]) -> T:
         """Run a history write and queue its updates on the open rooms' timelines."""
+        return await asyncio.shield(self.start(op))
+
+    def start(self, op: HistoryWrite[T]) -> asyncio.Task[T]:
+        """:meth:`run` without the wait: the write's task, started now and owned here
+        (it lands and queues its updates whether or not its caller still waits)."""
 
         async def write() -> T:
             async with self._lock:
@@ -58,7 +63,7 @@ class Commits:
         task = asyncio.create_task(write())  # owned: kept in _tasks until done, drained
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return await asyncio.shield(task)
+        return task
 
     def _deliver(self, key: str, updates: list[Update]) -> None:
         """Queue a timeline's updates on it; a row that changed also reaches the room's
@@ -85,6 +90,12 @@ class Commits:
     ) -> T:
         """Change one room's (or thread's) sections and gaps (``fn`` runs inside the write
         transaction)."""
+        return await asyncio.shield(self.start_room_write(room_id, fn, thread_root=thread_root))
+
+    def start_room_write(
+        self, room_id: str, fn: Callable[[Sections], T], *, thread_root: str | None = None
+    ) -> asyncio.Task[T]:
+        """:meth:`room_write` without the wait (see :meth:`start`)."""
 
         def op(tx: Tx) -> tuple[T, dict[str, list[Update]]]:
             sections = Sections(self._store, tx, room_id, thread_root=thread_root)
@@ -92,7 +103,7 @@ class Commits:
             key = room_id if thread_root is None else thread_key(room_id, thread_root)
             return result, {key: sections.updates}
 
-        return await self.run(op)
+        return self.start(op)
 
     async def drain(self) -> None:
         """Wait until every write started so far has ended (its outcome is its caller's)."""

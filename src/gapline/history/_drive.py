@@ -48,10 +48,11 @@ __all__ = ["CommitPage", "FetchPage", "drive"]
 FetchPage = Callable[[Request], Coroutine[Any, Any, MessagesResponse]]
 """Send one ``/messages`` request; raises ``MatrixError`` when the server fails."""
 
-CommitPage = Callable[[WalkState, Commit, Callable[[], None]], Coroutine[Any, Any, PageResult]]
-"""Commit one page from where the walk stands; raises ``StorageError`` when the store fails.
-The third argument (``stored``) is to be called from the store's thread once the page's
-statements ran, before its COMMIT."""
+CommitPage = Callable[[WalkState, Commit, Callable[[], None]], asyncio.Future[PageResult]]
+"""Start committing one page from where the walk stands: its future, which raises
+``StorageError`` when the store fails, and is owned by whoever started it (the page lands
+whether or not the driver still waits). The third argument (``stored``) is to be called
+from the store's thread once the page's statements ran, before its COMMIT."""
 
 
 def _settle(ready: asyncio.Future[None], _task: object = None) -> None:
@@ -113,12 +114,12 @@ async def drive(
                     effect = flow.send(page)
                 else:
                     assert isinstance(effect, Commit)
-                    # Owned here: awaited on every path, through the shield and,
-                    # when this task is cancelled meanwhile, once more below. Started
-                    # before the prefetch, so the page reaches the store's thread
-                    # before the next request's work takes the event loop.
+                    # Awaited on every path, through the shield and, when this task
+                    # is cancelled meanwhile, once more below. Started before the
+                    # prefetch, so the page reaches the store's thread before the
+                    # next request's work takes the event loop.
                     ready = loop.create_future()
-                    committing = asyncio.create_task(commit(state, effect, _waker(loop, ready)))
+                    committing = commit(state, effect, _waker(loop, ready))
                     if effect.prefetch is not None:
                         ahead = (effect.prefetch, asyncio.create_task(fetch(effect.prefetch)))
                     try:

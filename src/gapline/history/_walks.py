@@ -69,6 +69,7 @@ from gapline.history._types import (
     RepairStop,
     RoomBusy,
 )
+from gapline.history._updates import GapRecord
 from gapline.history._walk_state import PageResult, WalkState
 from gapline.matrix import MatrixClient, MessagesResponse, RelationsResponse, Request
 from gapline.storage import StorageError
@@ -140,7 +141,9 @@ class Walks:
                 chunk = await self._backup.complete_page(room.room_id, chunk)
             return msgspec.structs.replace(page, chunk=chunk)
 
-        async def commit(at: WalkState, effect: Commit, stored: Callable[[], None]) -> PageResult:
+        def commit(
+            at: WalkState, effect: Commit, stored: Callable[[], None]
+        ) -> asyncio.Future[PageResult]:
             then = GapLifecycle.Paused if pause_at_budget and effect.last else None
             changes = None if crypto is None else crypto.take_changes()
 
@@ -153,7 +156,7 @@ class Walks:
                 stored()  # the loop may flush the page before this one during the COMMIT
                 return result
 
-            return await self._commits.room_write(room.room_id, page, thread_root=room.thread_root)
+            return self._commits.start_room_write(room.room_id, page, thread_root=room.thread_root)
 
         return await drive(flow, state, fetch=fetch, commit=commit, flush=lambda: self.flush(room))
 
@@ -250,31 +253,18 @@ class Walks:
     # -- fill ------------------------------------------------------------------------------
 
     async def fill_gap(self, room: Room, gap_id: str) -> Answer:
-        """``FillGap``: walk the gap from its cursor for up to the page budget."""
-        room_id = room.room_id
-        gap = await self._store.gap(room_id, gap_id, thread_root=room.thread_root)
-        if gap is None or gap.is_top:
-            return EventNotFound()
-        if gap.lifecycle is GapLifecycle.Unavailable:
-            # Accessible history already ended inside this gap: nothing to ask the server.
-            report = HistoryRepairReport(room_id=room_id, gap_id=gap_id)
-            await self._publish(HistoryRepairChanged(report))
-            await self._publish(
-                HistoryRepairChanged(
-                    HistoryRepairReport(
-                        room_id=room_id,
-                        gap_id=gap_id,
-                        phase=RepairPhase.Paused,
-                        continuity=Continuity.AccessibleStart,
-                        stop=RepairStop.HistoryUnavailable,
-                    )
-                )
-            )
-            return Ok()
-        if room.op is not None:
-            return RoomBusy()
-        if self._client is None:
-            return Failed(OFFLINE)
+        """``FillGap``: walk the gap from its cursor for up to the page budget.
+
+        The gap is read once: with the room's slot reserved first when it is free (so
+        nothing else moves the cursor before the walk starts from it), else to say
+        whether the gap exists before saying why it cannot be filled now.
+        """
+        if room.op is not None or self._client is None:
+            gap = await self._store.gap(room.room_id, gap_id, thread_root=room.thread_root)
+            settled = await self._unfillable(room, gap_id, gap)
+            if settled is not None:
+                return settled
+            return RoomBusy() if room.op is not None else Failed(OFFLINE)
 
         async def early() -> Answer:
             return await self._settle_fill(room, gap_id, WalkOutcome(WalkEnd.Cancelled, 0, 0))
@@ -282,12 +272,13 @@ class Walks:
         op = self._ops.reserve(room, OperationKind.FILL, early)
         launched = False
         try:
-            # Read the cursor again now that nothing else can move it.
-            current = await self._store.gap(room_id, gap_id, thread_root=room.thread_root)
-            if current is None:
-                return EventNotFound()
+            current = await self._store.gap(room.room_id, gap_id, thread_root=room.thread_root)
+            settled = await self._unfillable(room, gap_id, current)
+            if settled is not None:
+                return settled
+            assert current is not None
             await self._publish(
-                HistoryRepairChanged(HistoryRepairReport(room_id=room_id, gap_id=gap_id))
+                HistoryRepairChanged(HistoryRepairReport(room_id=room.room_id, gap_id=gap_id))
             )
             self._ops.launch(room, op, lambda: self._fill(room, gap_id, current.cursor))
             launched = True
@@ -295,6 +286,30 @@ class Walks:
             if not launched:
                 self._ops.abandon(room, op)
         return await self._ops.answer(op)
+
+    async def _unfillable(self, room: Room, gap_id: str, gap: GapRecord | None) -> Answer | None:
+        """The answer to a fill of ``gap`` that nothing can walk (``None``: it can be)."""
+        if gap is None or gap.is_top:
+            return EventNotFound()
+        if gap.lifecycle is not GapLifecycle.Unavailable:
+            return None
+        # Accessible history already ended inside this gap: nothing to ask the server.
+        room_id = room.room_id
+        await self._publish(
+            HistoryRepairChanged(HistoryRepairReport(room_id=room_id, gap_id=gap_id))
+        )
+        await self._publish(
+            HistoryRepairChanged(
+                HistoryRepairReport(
+                    room_id=room_id,
+                    gap_id=gap_id,
+                    phase=RepairPhase.Paused,
+                    continuity=Continuity.AccessibleStart,
+                    stop=RepairStop.HistoryUnavailable,
+                )
+            )
+        )
+        return Ok()
 
     async def _fill(self, room: Room, gap_id: str, cursor: str | None) -> Answer:
         # The first page finds the gap's newer boundary in its own transaction.
