@@ -5,7 +5,8 @@ on the open rooms' timelines while holding one lock, so each timeline receives
 updates in commit order. The write and the queueing run in a task of their
 own that the caller awaits through ``asyncio.shield``: a caller cancelled
 mid-write gets its ``CancelledError``, while the write still lands and its
-updates still queue. :class:`Commits` owns those tasks until they end;
+updates still queue. :meth:`Commits.start` hands that task out instead (a walk's
+page: its driver awaits it itself, one task a page rather than two). :class:`Commits` owns those tasks until they end;
 :meth:`Commits.drain` (at engine shutdown) waits for the last of them.
 """
 

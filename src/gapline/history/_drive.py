@@ -16,16 +16,16 @@ committed page to the next. What the driver guarantees:
 - every committed page is flushed to the room's timeline before the page
   after it commits: at once when the next page has not arrived yet (the loop
   would only wait for it), else while the next page's COMMIT is on disk. The
-  store's thread calls the commit's ``stored`` once the page's statements ran:
-  the loop, idle while the writer runs them (a busy loop keeps the GIL from
-  the writer), then flushes during the fsync, which holds no GIL. Flushing
-  before handing the next page over would leave the writer waiting for the
-  loop, and the fsync overlapping nothing (the two threads still race for
-  the GIL between the call and the COMMIT: when the loop wins, the flush
-  runs first, as it would have). The last page is flushed by the caller, as
-  it settles the walk. Nothing a commit computes reads the
-  timeline: a page is placed from the store, and the timeline applies
-  updates in commit order whenever it flushes.
+  store's thread calls the commit's ``stored`` once the page's statements
+  ran; the loop, idle while the writer runs them (a busy loop keeps the GIL
+  from the writer), then flushes during the fsync, which holds no GIL.
+  Flushing before handing the next page over would leave the writer waiting
+  for the loop and the fsync overlapping nothing. The two threads still race
+  for the GIL between that call and the COMMIT: when the loop wins, the flush
+  runs first, as it did before. The last page is flushed by the caller, as
+  it settles the walk. Nothing a commit computes reads the timeline: a page
+  is placed from the store, and the timeline applies updates in commit
+  order whenever it flushes.
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ def _waker(loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> Call
     """A commit's ``stored``: called from the store's thread, it settles ``ready`` on the loop."""
 
     def wake() -> None:
-        loop.call_soon_threadsafe(_settle, ready)
+        # Inside the page's transaction: a closed loop (nobody waits) must not undo it.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, ready)
 
     return wake
 
