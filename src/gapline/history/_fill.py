@@ -111,9 +111,12 @@ def backwards_walk(
             )
         return api.messages(room_id, from_=start, dir=Direction.BACKWARD, limit=page_size)
 
+    ahead: Request | None = None  # the request announced as the last Commit's prefetch
     try:
         while pages < budget:
-            page = yield Fetch(request(cursor))
+            # The request announced as the last page's prefetch, built once: a driver
+            # that sent it answers this Fetch with its response.
+            page = yield Fetch(ahead if ahead is not None else request(cursor))
             assert isinstance(page, MessagesResponse)
             if page.end is not None and page.end in seen:
                 return WalkOutcome(WalkEnd.CursorStalled, pages, events)
