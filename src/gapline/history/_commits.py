@@ -46,6 +46,12 @@ class Commits:
 
     async def run(self, op: HistoryWrite[T]) -> T:
         """Run a history write and queue its updates on the open rooms' timelines."""
+        return await asyncio.shield(self.start(op))
+
+    def start(self, op: HistoryWrite[T]) -> asyncio.Task[T]:
+        """:meth:`run` without waiting: the write's task, which the caller awaits later
+        (owned here until it ends, like every write; a heal goes on with its next chunk
+        while this one's COMMIT runs)."""
 
         async def write() -> T:
             async with self._lock:
@@ -58,7 +64,7 @@ class Commits:
         task = asyncio.create_task(write())  # owned: kept in _tasks until done, drained
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return await asyncio.shield(task)
+        return task
 
     def _deliver(self, key: str, updates: list[Update]) -> None:
         """Queue a timeline's updates on it; a row that changed also reaches the room's

@@ -29,7 +29,9 @@ Runs under the engine's crypto lock, like every heal (see ``_healing``).
 
 from __future__ import annotations
 
+import asyncio
 import gc
+from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from contextlib import contextmanager
 
@@ -58,6 +60,9 @@ CHUNK = 500
 # crypto's `gapline.e2ee.DecryptWorkers`, kept between heals); fewer cost tens of
 # milliseconds in-process, less than handing them over.
 OFFLOAD_MIN = 1000
+# How many chunks the worker holds at once during a heal (the one it decrypts and the
+# next, waiting in its pipe).
+AHEAD = 2
 
 _Chunk = tuple[list[tuple[StoredEvent, bytes, bytes]], list[tuple[bytes, bytes]]]
 
@@ -141,51 +146,81 @@ async def _heal_room(
         events = [s.event for s, _, _ in chunk[0]]
         return worker is not None and await worker.send(driver.machine, room_id, events)
 
-    upcoming: _Chunk | None = None
-    sent = False
-    for i in range(len(chunks)):
-        if upcoming is None:
-            upcoming = await read(chunks[i])
-            sent = await send(upcoming)
-        retained, stale = upcoming
-        upcoming = None
-        raw = await worker.receive() if sent and worker is not None else None
-        if i + 1 < len(chunks) and worker is not None and worker.usable:
-            # The next chunk is read and handed to the worker as soon as this one's
-            # results are in, so its decryption runs beside this one's checks, write and
-            # diffs (handed over after the checks, the worker kept this process waiting
-            # for it at every chunk: 140-190 ms a 10,000-row heal). The rows differ and a
-            # write touches only its own chunk's, so the read sees what it would after
-            # the write; this process's steps stay one after the other. In-process there
-            # is nothing to overlap: the read follows the write.
-            upcoming = await read(chunks[i + 1])
-            sent = await send(upcoming)
-        results = await driver.decrypt_room_events(
-            room_id, [s.event for s, _, _ in retained], batch=BATCH, raw=raw
-        )
-        healed, entries = [], []
-        for (s, event, skey), r in zip(retained, results, strict=True):
-            if isinstance(r, DecryptedEvent):
-                healed.append(StoredEvent(s.ord, s.pos, as_cached(s.event, r), s.sender_name))
-                entries.append((event, skey))
-        changes = crypto.take_changes()
+    ahead: deque[tuple[_Chunk, bool]] = deque()  # read, each with: handed to the worker
+    unread = iter(chunks)
 
-        def op(
-            tx: Tx, healed=healed, entries=entries, stale=stale, changes=changes
-        ) -> tuple[None, dict[str, list[Update]]]:
-            if changes is not None:
-                save_changes(tx, changes)
-            drop_entries(tx, room, stale)
-            return None, heal(store, tx, room_id, healed, entries)
+    async def top_up(depth: int) -> None:
+        """Read (and hand to the worker) the next chunks until ``depth`` are ahead."""
+        while len(ahead) < depth and (rows := next(unread, None)) is not None:
+            chunk = await read(rows)
+            ahead.append((chunk, await send(chunk)))
 
-        await commits.run(op)
-        if healed:
-            healed_any = True
-            await flush(room_id)  # this chunk's rows shown before the next one is checked
+    writing: asyncio.Task[bool] | None = None  # the last chunk's write, not yet shown
+    try:
+        for _ in chunks:
+            # With the worker, AHEAD chunks are in it while this process checks, writes
+            # and shows the oldest, so it finds the next one waiting when it is done
+            # (with one, it idled while this process read the next: about 9 ms a chunk).
+            # The rows differ and a write touches only its own chunk's, so a read sees
+            # what it would after the writes before it; this process's steps stay one
+            # after the other. In-process there is nothing to overlap: read, then write.
+            await top_up(AHEAD if worker is not None and worker.usable else 1)
+            (retained, stale), sent = ahead.popleft()
+            raw = await worker.receive() if sent and worker is not None else None
+            results = await driver.decrypt_room_events(
+                room_id, [s.event for s, _, _ in retained], batch=BATCH, raw=raw
+            )
+            healed, entries = [], []
+            for (s, event, skey), r in zip(retained, results, strict=True):
+                if isinstance(r, DecryptedEvent):
+                    healed.append(StoredEvent(s.ord, s.pos, as_cached(s.event, r), s.sender_name))
+                    entries.append((event, skey))
+            if writing is not None:
+                healed_any |= await _shown(writing, flush, room_id)
+                writing = None
+            changes = crypto.take_changes()
+            ran = asyncio.get_running_loop().create_future()
+
+            def op(
+                tx: Tx, healed=healed, entries=entries, stale=stale, changes=changes, ran=ran
+            ) -> tuple[bool, dict[str, list[Update]]]:
+                if changes is not None:
+                    save_changes(tx, changes)
+                drop_entries(tx, room, stale)
+                updates = heal(store, tx, room_id, healed, entries)
+                ran.get_loop().call_soon_threadsafe(_settle, ran)
+                return bool(healed), updates
+
+            writing = commits.start(op)
+            # The next chunk's steps start once this write's statements have run: its
+            # COMMIT (an fsync: 3.5-4.5 ms a chunk, without the GIL) then runs beside
+            # them instead of before them. Its rows are shown before the next write.
+            await asyncio.wait((ran, writing), return_when=asyncio.FIRST_COMPLETED)
+        if writing is not None:
+            healed_any |= await _shown(writing, flush, room_id)
+            writing = None
+    finally:
+        if writing is not None:  # a step after it failed: the write still lands
+            await writing
     if plan.detached or plan.gone:
         healed_any |= await _heal_detached(store, crypto, commits, plan, room_id)
         await flush(room_id)
     return healed_any
+
+
+def _settle(ran: asyncio.Future[None]) -> None:
+    if not ran.done():
+        ran.set_result(None)
+
+
+async def _shown(
+    writing: asyncio.Task[bool], flush: Callable[[str], Awaitable[None]], room_id: str
+) -> bool:
+    """A chunk's write committed, and its rows shown if any healed."""
+    healed = await writing
+    if healed:
+        await flush(room_id)
+    return healed
 
 
 async def _heal_detached(
