@@ -235,11 +235,21 @@ def detached_pending(
 
 
 def drop_entries(tx: Tx, room: Room, entries: Iterable[tuple[bytes, bytes]]) -> None:
-    """Forget index entries (event hash, session hash) of the room."""
-    tx.executemany(
-        "DELETE FROM history_utd WHERE room = ? AND session = ? AND event = ?",
-        [(room.rid, skey, event) for event, skey in entries],
-    )
+    """Forget index entries (event hash, session hash) of the room: one statement per
+    session and :data:`IN_LIST` events (a chunk of a heal is one session's; one statement
+    per entry took 1.6 times as long)."""
+    by_session: dict[bytes, list[bytes]] = {}
+    for event, skey in entries:
+        by_session.setdefault(skey, []).append(event)
+    for skey, events in by_session.items():
+        for start in range(0, len(events), IN_LIST):
+            part = events[start : start + IN_LIST]
+            tx.execute(
+                "DELETE FROM history_utd WHERE room = ? AND session = ? AND event IN ("
+                + ",".join("?" * len(part))
+                + ")",
+                (room.rid, skey, *part),
+            )
 
 
 def heal(
