@@ -55,7 +55,10 @@ from gapline.storage import Tx
 __all__ = ["CHUNK", "OFFLOAD_MIN", "heal_sessions"]
 
 
-CHUNK = 500
+CHUNK = 1000
+# A heal in the worker starts with a smaller chunk: nothing in this process can start
+# before the worker's answer to the first, so its size is the pipeline's fill latency.
+FIRST = 500
 # A heal of this many rows or more decrypts in a worker process beside this one (the
 # crypto's `gapline.e2ee.DecryptWorkers`, kept between heals); fewer cost tens of
 # milliseconds in-process, less than handing them over.
@@ -64,6 +67,7 @@ OFFLOAD_MIN = 1000
 # next, waiting in its pipe).
 AHEAD = 2
 
+_Row = tuple[int, int, bytes, bytes]  # a pending entry's (ord, pos, event hash, session hash)
 _Chunk = tuple[list[tuple[StoredEvent, bytes, bytes]], list[tuple[bytes, bytes]]]
 
 
@@ -136,9 +140,9 @@ async def _heal_room(
     assert driver is not None
     room = plan.room
     healed_any = False
-    chunks = [plan.rows[i : i + CHUNK] for i in range(0, len(plan.rows), CHUNK)]
+    chunks = _chunks(plan.rows, FIRST if worker is not None else CHUNK, CHUNK)
 
-    async def read(rows: list[tuple[int, int, bytes, bytes]]) -> _Chunk:
+    async def read(rows: list[_Row]) -> _Chunk:
         return await store.backend.read(lambda tx: retained_chunk(store, tx, room, rows))
 
     async def send(chunk: _Chunk) -> bool:
@@ -206,6 +210,13 @@ async def _heal_room(
         healed_any |= await _heal_detached(store, crypto, commits, plan, room_id)
         await flush(room_id)
     return healed_any
+
+
+def _chunks(rows: list[_Row], first: int, size: int) -> list[list[_Row]]:
+    """``rows`` cut into chunks of ``size``, the first of ``first``."""
+    head = rows[:first]
+    rest = [rows[i : i + size] for i in range(len(head), len(rows), size)]
+    return [head, *rest] if head else []
 
 
 def _settle(ran: asyncio.Future[None]) -> None:
