@@ -1,25 +1,34 @@
 """Healing in chunks: the retained events of sessions whose keys arrived, read, decrypted
-and rewritten :data:`CHUNK` at a time, one step after the other.
+and rewritten :data:`CHUNK` at a time.
 
 The keys are committed before any heal starts (with the sync or the answer that
 brought them), and each chunk's write carries its rows, their index entries
 dropped and the machine's replay-index rows, so a crash between chunks leaves
 only healed rows and rows still indexed; the start-up sweep heals the rest.
 
-The steps do not overlap. Every one of them holds the GIL nearly all the time
-(the Python binding of vodozemac does, and so do the relation rules, sealing
-and the rows' objects); SQLite's own work is the little that could run beside
-the decryption, and it gives the GIL back at every row it steps. A read or a
-write on the store's thread beside the decrypting event loop then waits for
-the GIL at every row, and each wait costs more than the row's work: measured
-at load 2-4, a heal whose next chunk was read and whose last chunk was written
-while the loop decrypted took 3.1-3.3x the bare decrypt calls, and its reads
-three times the CPU time they take alone; one step after the other, 2.0-2.1x.
+This process's steps do not overlap one another. Every one of them holds the GIL
+nearly all the time (the Python binding of vodozemac does, and so do the relation
+rules, sealing and the rows' objects), and SQLite gives it back at every row it
+steps. A read or a write on the store's thread beside the decrypting event loop
+then waits for the GIL at every row, and each wait costs more than the row's work:
+measured at load 2-4, a heal whose next chunk was read and whose last chunk was
+written while the loop decrypted took 3.1-3.3x the bare decrypt calls, and its reads
+three times the CPU time they take alone; one step after the other, 2.0-2.1x. Two
+things do run beside them, since neither holds the GIL: a chunk's ``COMMIT`` (the
+write's statements have run; the next chunk's steps start as soon as they have, and
+its rows are shown before the next write), and the decrypt worker.
 A heal of :data:`OFFLOAD_MIN` rows or more hands its vodozemac calls to the crypto's
-worker process (`gapline.e2ee.DecryptWorkers`), which runs on another core: while it
-decrypts the next chunk this process checks, writes and shows this one. Every check
-stays in the machine, so the rows are the same either way; until the worker is ready,
-or if it fails, chunks decrypt here.
+worker process (`gapline.e2ee.DecryptWorkers`), which runs on another core: it holds
+:data:`AHEAD` chunks, so while it decrypts the next one this process checks, writes
+and shows the oldest, and reads the one after (with one chunk in it, the worker idled
+while this process read the next, about 9 ms a chunk). Every check stays in the
+machine, so the rows are the same either way; until the worker is ready, or if it
+fails, chunks decrypt here. Its first and last chunks are :data:`FIRST` rows: nothing
+here starts before the worker answers the first, and the last is checked and written
+after the worker is done, so both ends of the pipeline are short. The chunks between
+are larger, since every commit rewrites most pages of the session's index (its entries
+are in hash order, a chunk's rows in conversation order): with 500 rows each, this
+process's CPU was about 10% higher.
 Python's cyclic collector is paused for the pass: thousands of events
 and their results are alive at once and would make it walk the heap several
 times for nothing (none of these objects form cycles).
@@ -56,8 +65,7 @@ __all__ = ["CHUNK", "OFFLOAD_MIN", "heal_sessions"]
 
 
 CHUNK = 1000
-# A heal in the worker starts with a smaller chunk: nothing in this process can start
-# before the worker's answer to the first, so its size is the pipeline's fill latency.
+# A heal in the worker starts and ends with a smaller chunk (see the module doc).
 FIRST = 500
 # A heal of this many rows or more decrypts in a worker process beside this one (the
 # crypto's `gapline.e2ee.DecryptWorkers`, kept between heals); fewer cost tens of
@@ -167,7 +175,8 @@ async def _heal_room(
             # (with one, it idled while this process read the next: about 9 ms a chunk).
             # The rows differ and a write touches only its own chunk's, so a read sees
             # what it would after the writes before it; this process's steps stay one
-            # after the other. In-process there is nothing to overlap: read, then write.
+            # after the other (but for a COMMIT, below). In-process there is nothing to
+            # overlap: read, then write.
             await top_up(AHEAD if worker is not None and worker.usable else 1)
             (retained, stale), sent = ahead.popleft()
             raw = await worker.receive() if sent and worker is not None else None
@@ -180,8 +189,8 @@ async def _heal_room(
                     healed.append(StoredEvent(s.ord, s.pos, as_cached(s.event, r), s.sender_name))
                     entries.append((event, skey))
             if writing is not None:
-                healed_any |= await _shown(writing, flush, room_id)
-                writing = None
+                done, writing = writing, None
+                healed_any |= await _shown(done, flush, room_id)
             changes = crypto.take_changes()
             ran = asyncio.get_running_loop().create_future()
 
@@ -197,26 +206,29 @@ async def _heal_room(
 
             writing = commits.start(op)
             # The next chunk's steps start once this write's statements have run: its
-            # COMMIT (an fsync: 3.5-4.5 ms a chunk, without the GIL) then runs beside
-            # them instead of before them. Its rows are shown before the next write.
+            # COMMIT (the chunk's pages to the WAL and an fsync, 4-8 ms, without the GIL)
+            # then runs beside them instead of before them; the next write waits for
+            # it, and its rows are shown before that write.
             await asyncio.wait((ran, writing), return_when=asyncio.FIRST_COMPLETED)
         if writing is not None:
-            healed_any |= await _shown(writing, flush, room_id)
-            writing = None
+            done, writing = writing, None
+            healed_any |= await _shown(done, flush, room_id)
     finally:
         if writing is not None:  # a step after it failed: the write still lands
-            await writing
+            await asyncio.shield(writing)
     if plan.detached or plan.gone:
         healed_any |= await _heal_detached(store, crypto, commits, plan, room_id)
         await flush(room_id)
     return healed_any
 
 
-def _chunks(rows: list[_Row], first: int, size: int) -> list[list[_Row]]:
-    """``rows`` cut into chunks of ``size``, the first of ``first``."""
-    head = rows[:first]
-    rest = [rows[i : i + size] for i in range(len(head), len(rows), size)]
-    return [head, *rest] if head else []
+def _chunks(rows: list[_Row], ends: int, size: int) -> list[list[_Row]]:
+    """``rows`` cut into chunks of ``size`` between a first and a last of ``ends``."""
+    head = rows[:ends]
+    tail = rows[max(len(head), len(rows) - ends) :]
+    middle = rows[len(head) : len(rows) - len(tail)]
+    chunks = [head, *(middle[i : i + size] for i in range(0, len(middle), size)), tail]
+    return [c for c in chunks if c]
 
 
 def _settle(ran: asyncio.Future[None]) -> None:
@@ -227,8 +239,10 @@ def _settle(ran: asyncio.Future[None]) -> None:
 async def _shown(
     writing: asyncio.Task[bool], flush: Callable[[str], Awaitable[None]], room_id: str
 ) -> bool:
-    """A chunk's write committed, and its rows shown if any healed."""
-    healed = await writing
+    """A chunk's write committed, and its rows shown if any healed. Shielded, as
+    `Commits.run` is: a heal cancelled here stops waiting, and its write still lands and
+    still queues its updates."""
+    healed = await asyncio.shield(writing)
     if healed:
         await flush(room_id)
     return healed
