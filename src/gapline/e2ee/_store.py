@@ -104,8 +104,8 @@ _WITHHELD = _upsert(
     ["room_id", "session_id", "sender_key", "code", "reason"],
     ["room_id", "session_id"],
 )
-# A seen index keeps its first event: the machine refuses a second one before it gets here
-# (so no statement names one index twice).
+# A seen index keeps its first event: the machine refuses a second one before it gets here,
+# and a row already stored (another process's) stays as it is.
 _SEEN_ROWS = 400  # rows per statement: 1,200 parameters, under every driver's limit
 
 
@@ -117,8 +117,7 @@ def _seen_sql(rows: int) -> str:
     return (
         "INSERT INTO e2ee_megolm_seen (session_id, message_index, event_digest) VALUES "
         + ", ".join(["(?, ?, ?)"] * rows)
-        + " ON CONFLICT (session_id, message_index)"
-        " DO UPDATE SET event_digest = excluded.event_digest"
+        + " ON CONFLICT (session_id, message_index) DO NOTHING"
     )
 
 
