@@ -27,9 +27,10 @@ fails, chunks decrypt here. Its first and last chunks are :data:`FIRST` rows: no
 here starts before the worker answers the first, and the last is checked and written
 after the worker is done, so both ends of the pipeline are short. The chunks between
 are larger, since every commit rewrites most pages of the session's index (its entries
-are in hash order, a chunk's rows in conversation order), and what the WAL gains the
-checkpoint copies again: this process's CPU fell about 10% from chunks of 500 to
-1,000, and 10% again to 2,000 (alternating runs, load 1.6-2.4); 3,000 did no better.
+are in hash order, a chunk's rows in conversation order) and the checkpoint later
+copies every page the WAL received: this process's CPU fell about 10% from chunks of
+500 to 1,000, and 10% again to 2,000 (alternating runs, load 1.6-2.4); 3,000 did no
+better.
 Python's cyclic collector is paused for the pass: thousands of events
 and their results are alive at once and would make it walk the heap several
 times for nothing (none of these objects form cycles).
