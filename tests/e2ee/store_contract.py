@@ -15,6 +15,9 @@ import msgspec
 import pytest
 
 from gapline.e2ee import (
+    E2EE_MIGRATIONS,
+    E2EE_SCHEMA,
+    Changes,
     CorruptCryptoStore,
     CryptoStoreError,
     DecryptedEvent,
@@ -23,9 +26,11 @@ from gapline.e2ee import (
     TrustLevel,
     UnableToDecrypt,
     WrongStoreKey,
+    load_state,
     open_machine,
     save_changes,
 )
+from gapline.e2ee._changes import SeenRecord
 from gapline.storage import Backend, Tx, open_backend
 
 from .harness import Clock, Peer, Room, online
@@ -223,6 +228,17 @@ class CryptoStoreContract:
         bob.flushed = len(bob.saved)
         await bob.reopen()
         assert len(bob.machine.devices_of("@alice:x")) == 1
+
+    async def test_replay_index_rows_are_kept_across_statements(self, db: Backend) -> None:
+        """A heal saves a replay-index row per event, thousands in one write, several
+        hundred per statement: every one is kept, and a row already stored keeps the
+        event it was first saved with."""
+        await db.migrate(E2EE_SCHEMA, E2EE_MIGRATIONS)
+        first = tuple(SeenRecord("sid", i, os.urandom(16)) for i in range(901))
+        again = (*first[400:], SeenRecord("sid", 0, os.urandom(16)))
+        await db.write(lambda tx: save_changes(tx, Changes(seen=first)))
+        await db.write(lambda tx: save_changes(tx, Changes(seen=again)))
+        assert (await db.read(load_state)).seen == first
 
     async def test_queued_to_device_messages_survive_a_crash_and_are_sent_once(
         self, db: Backend

@@ -114,6 +114,36 @@ async def test_the_workers_results_are_the_machines_own() -> None:
         ]
 
 
+async def test_jobs_in_flight_together_are_answered_in_the_order_sent() -> None:
+    """A heal sends the next chunk before receiving the last: each `receive` answers the
+    oldest job, and `forget` first takes the answers still due."""
+    room, (_, there), batch, _ = _scene()
+    async with decrypt_worker() as worker:
+        assert await worker.started()
+        first, second = batch[1:2], batch[8:11]
+        assert await worker.send(there.machine, room.room_id, first)
+        assert await worker.send(there.machine, room.room_id, second)
+        assert await worker.send(there.machine, room.room_id, first)
+        a, b = await worker.receive(), await worker.receive()
+        assert a is not None and [r.index for r in a if r is not None] == [1]
+        assert b is not None and [r.index for r in b if r is not None] == [2, 3, 4]
+        await worker.forget()  # the third job's answer is taken, then the sessions go
+        assert worker.usable and worker._slots == {} and not worker._in_flight
+        assert await worker.receive() is None  # nothing is due
+
+
+async def test_a_worker_that_dies_with_jobs_in_flight_answers_none_for_each() -> None:
+    room, (_, there), batch, _ = _scene()
+    async with decrypt_worker(_DIES) as worker:
+        assert await worker.started()
+        assert await worker.send(there.machine, room.room_id, batch[1:2])
+        # the child may be gone already: then this send fails (and says so) instead
+        await worker.send(there.machine, room.room_id, batch[8:11])
+        assert await worker.receive() is None
+        assert await worker.receive() is None
+        assert worker.failed and not worker._in_flight
+
+
 async def test_a_worker_that_cannot_start_leaves_decryption_here(caplog) -> None:
     room, (here, _), batch, _ = _scene()
     caplog.set_level(logging.WARNING, "gapline.e2ee.worker")

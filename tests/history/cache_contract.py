@@ -14,6 +14,15 @@ from typing import Any
 import pytest
 
 from gapline.history._cache_store import CacheStore
+from gapline.history._decryption import MARK
+from gapline.history._healing import (
+    UTD_MIGRATIONS,
+    UTD_SCHEMA,
+    drop_entries,
+    index_undecrypted,
+    pending_heal,
+    retained_chunk,
+)
 from gapline.history._sections import Sections
 from gapline.history._types import GapLifecycle
 from gapline.history._updates import (
@@ -332,4 +341,52 @@ class CacheStoreContract:
         assert (first.body, first.edited, [r.key for r in first.reactions]) == ("new", True, ["k"])
         assert (second.redacted, second.body) == (True, None)
         assert second.thread_summary is not None and second.thread_summary.count == 1
+        await store.backend.close()
+
+    async def test_a_heals_chunks_read_their_own_rows_and_drop_their_entries(
+        self, open_store: OpenStore
+    ) -> None:
+        """The retained undecryptable rows of a session, read in chunks as a heal reads
+        them: a dense chunk as the range of positions it spans (the plaintext rows
+        between are not its own), a sparse one by event id; dropping a chunk's entries
+        leaves the others'."""
+        store = await open_store()
+        await store.backend.migrate(UTD_SCHEMA, UTD_MIGRATIONS)
+
+        def utd(n: int) -> ClientEvent:
+            mark = {MARK: {"session_id": "s1", "reason": "missing_room_key"}}
+            return ClientEvent(
+                event_id=f"$u{n}",
+                type="m.room.encrypted",
+                sender="@a:example.org",
+                origin_server_ts=n,
+                content={"algorithm": "m.megolm.v1.aes-sha2", "session_id": "s1"},
+                unsigned=mark,
+            )
+
+        # 6 UTD rows each followed by a plaintext row, then 3 each followed by five
+        events = [e for n in range(6) for e in (utd(n), ev(100 + n))]
+        events += [
+            e for n in range(6, 9) for e in (utd(n), *(ev(200 + 10 * n + k) for k in range(5)))
+        ]
+
+        def ingest(s: Sections) -> None:
+            s.ingest_sync(events, limited=True, prev_batch="p")
+            index_undecrypted(store, s.tx, ROOM, events)
+
+        await write(store, ingest)
+        plan = await store.backend.read(lambda tx: pending_heal(store, tx, ROOM, ["s1"]))
+        assert plan is not None and len(plan.rows) == 9
+        dense, sparse = plan.rows[:6], plan.rows[6:]
+        for part, expected in ((dense, range(6)), (sparse, range(6, 9))):
+            found, stale = await store.backend.read(
+                lambda tx, p=part: retained_chunk(store, tx, plan.room, p)
+            )
+            assert [s.event_id for s, _, _ in found] == [f"$u{n}" for n in expected]
+            assert stale == []
+        await store.backend.write(
+            lambda tx: drop_entries(tx, plan.room, [(e, k) for _, _, e, k in dense])
+        )
+        left = await store.backend.read(lambda tx: pending_heal(store, tx, ROOM, ["s1"]))
+        assert left is not None and left.rows == sparse
         await store.backend.close()

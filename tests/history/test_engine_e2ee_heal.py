@@ -109,6 +109,47 @@ async def test_a_heal_of_many_rows_in_chunks_changes_each_loaded_row_once(
         assert sorted(sets) == sorted(e.event_id for e in events)
 
 
+@pytest.mark.parametrize("plain_between", [1, 3])
+async def test_a_chunk_read_as_a_range_heals_only_its_own_rows(
+    tmp_path, monkeypatch, plain_between: int
+) -> None:
+    """A chunk's rows are read as the range of positions they span when they are dense
+    (one plaintext row after each), else by their event ids (three after each): either
+    way only the session's rows heal, and the plaintext ones between are left as they
+    were (no ``Set``)."""
+    monkeypatch.setattr(_heal_pass, "CHUNK", 4)
+    async with scene(tmp_path) as s:
+        await s.join_encrypted_room()
+        await s.engine.execute(OpenRoom(ROOM))
+        s.server.hold_to_device = True
+        events, plain = [], []
+        for i in range(9):
+            events.append(s.encrypted(f"message {i}"))
+            plain.extend(s.plain(f"plain {i}.{j}") for j in range(plain_between))
+        mixed = [
+            e
+            for i, e in enumerate(events)
+            for e in (e, *plain[i * plain_between : (i + 1) * plain_between])
+        ]
+        await s.sync(*mixed)
+        await s.engine.flush_history(ROOM)
+        s.sink.events.clear()
+        s.server.release_to_device()
+        await s.sync()
+        await s.engine.flush_history(ROOM)
+        rows = _events(s.rows())
+        assert [rows[e.event_id].body for e in events] == [f"message {i}" for i in range(9)]
+        assert [rows[e.event_id].body for e in plain] == [e.content["body"] for e in plain]
+        sets = [
+            d.value.event_id
+            for e in s.sink.events
+            if isinstance(e, TimelineChanged)
+            for d in e.diffs
+            if isinstance(d, Set) and isinstance(d.value, EventItem)
+        ]
+        assert sorted(sets) == sorted(e.event_id for e in events)
+
+
 @pytest.mark.parametrize("failing_chunk", [0, 1])
 async def test_a_heal_interrupted_between_chunks_is_finished_at_the_next_start(
     tmp_path, monkeypatch, failing_chunk: int

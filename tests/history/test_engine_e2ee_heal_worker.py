@@ -2,7 +2,7 @@
 publishes the same ``Set`` diffs as when it decrypts in-process, refusals included, and a
 worker that cannot start or dies leaves the heal to finish in-process, with a warning.
 
-The sizes are shrunk (a chunk of 3, a worker from one row) so a few events take every
+The sizes are shrunk (a first chunk of 2, then 3, a worker from one row) so a few events take every
 path; the heal waits for the worker to be ready, which a real one does not.
 """
 
@@ -33,6 +33,7 @@ async def _heal(tmp_path, monkeypatch, *, offload: bool, command=None) -> dict[s
     """Ten messages, a replay of one and a ciphertext that does not decode, all retained
     without their key; then the key. What the timeline shows and what it was told."""
     monkeypatch.setattr(_heal_pass, "CHUNK", 3)
+    monkeypatch.setattr(_heal_pass, "FIRST", 2)
     monkeypatch.setattr(_heal_pass, "OFFLOAD_MIN", 1 if offload else 10**9)
     answered: list[int] = []
     workers: list[DecryptWorker] = []

@@ -30,6 +30,7 @@ import asyncio
 import logging
 import os
 import sys
+from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -57,8 +58,10 @@ _FAILURES = (OSError, EOFError, asyncio.IncompleteReadError, msgspec.DecodeError
 
 
 class DecryptWorker:
-    """One child process and the sessions it was given (see the module doc). One job at
-    a time: `send` a chunk, then `receive` its results before the next `send`."""
+    """One child process and the sessions it was given (see the module doc). Jobs are
+    answered in the order they were sent: `receive` returns the oldest one's results. A
+    caller may send the next chunk before receiving the last, so the child finds it
+    waiting when it is done (it never idles while the caller reads the rows)."""
 
     def __init__(self, proc: asyncio.subprocess.Process | None) -> None:
         self._proc = proc
@@ -67,7 +70,7 @@ class DecryptWorker:
         self._slots: dict[tuple[str, str], int] = {}
         self._ready = False
         self._failed = False
-        self._in_flight: int | None = None  # the size of the job sent and not received
+        self._in_flight: deque[int] = deque()  # the sizes of the jobs sent, not received
         self._settled = asyncio.Event()  # the child greeted, or failed to
         self._closing = False
 
@@ -101,7 +104,7 @@ class DecryptWorker:
                 exc,
             )
         self._failed = True
-        self._in_flight = None
+        self._in_flight.clear()
 
     async def _await_hello(self) -> None:
         try:
@@ -124,7 +127,7 @@ class DecryptWorker:
     ) -> bool:
         """Give the child this chunk's ciphertexts (with any session it lacks); False if
         the worker is not usable (the caller decrypts in-process)."""
-        if not self.usable or self._in_flight is not None:
+        if not self.usable:
             return False
         assert self._proc is not None and self._proc.stdin is not None
         sessions: list[tuple[int, str]] = []
@@ -152,21 +155,23 @@ class DecryptWorker:
         body = _encode(job)
         try:
             # Not drained here: the loop hands the frame to the pipe as the child reads
-            # it, while the caller goes on (it writes the last chunk meanwhile). One job
-            # is in flight at a time, so what is buffered stays one chunk's ciphertexts.
+            # it, while the caller goes on (it writes the last chunk meanwhile). What is
+            # buffered is the ciphertexts of the jobs the caller has in flight (a heal
+            # keeps two).
             self._proc.stdin.write(FRAME_LEN.pack(len(body)) + body)
         except _FAILURES as exc:
             self._fail("could not be given a chunk", exc)
             return False
         self._key_sent = True
-        self._in_flight = len(items)
+        self._in_flight.append(len(items))
         return True
 
     async def receive(self) -> list[RawDecryption | None] | None:
-        """The results of the chunk sent, one per event; None if the worker failed."""
-        expected = self._in_flight
-        if expected is None:
+        """The results of the oldest chunk sent and not received, one per event; None if
+        the worker failed (or nothing was sent)."""
+        if not self._in_flight:
             return None
+        expected = self._in_flight[0]
         try:
             results = _decode_results(await self._frame())
             if len(results) != expected:
@@ -174,13 +179,13 @@ class DecryptWorker:
         except _FAILURES as exc:
             self._fail("failed", exc)
             return None
-        self._in_flight = None
+        self._in_flight.popleft()
         return results
 
     async def forget(self) -> None:
         """The child drops every session it holds (a heal is over): the next heal sends
-        what it needs again. A job still in flight is received (and dropped) first."""
-        if self._in_flight is not None:
+        what it needs again. Jobs still in flight are received (and dropped) first."""
+        while self._in_flight:
             await self.receive()
         if not self._slots or not self.usable:
             return
@@ -192,7 +197,7 @@ class DecryptWorker:
         except _FAILURES as exc:
             self._fail("could not be told to forget its sessions", exc)
             return
-        self._in_flight = 0
+        self._in_flight.append(0)
         await self.receive()
 
     async def _close(self) -> None:

@@ -14,6 +14,7 @@ Writes are upserts keyed by each table's primary key, so saving the same
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,12 +104,23 @@ _WITHHELD = _upsert(
     ["room_id", "session_id", "sender_key", "code", "reason"],
     ["room_id", "session_id"],
 )
-# A seen index keeps its first event: the machine refuses a second one before it gets here.
-_SEEN = _upsert(
-    "e2ee_megolm_seen",
-    ["session_id", "message_index", "event_digest"],
-    ["session_id", "message_index"],
-)
+# A seen index keeps its first event: the machine refuses a second one before it gets here,
+# and a row already stored (another process's) stays as it is.
+_SEEN_ROWS = 400  # rows per statement: 1,200 parameters, under every driver's limit
+
+
+@functools.lru_cache(maxsize=8)
+def _seen_sql(rows: int) -> str:
+    """The seen-index rows in one multi-row statement: a heal adds one per event, 10,000
+    at once, and one statement per row cost twice the time (each row bound, stepped and
+    reset on its own)."""
+    return (
+        "INSERT INTO e2ee_megolm_seen (session_id, message_index, event_digest) VALUES "
+        + ", ".join(["(?, ?, ?)"] * rows)
+        + " ON CONFLICT (session_id, message_index) DO NOTHING"
+    )
+
+
 _OUTBOUND = _upsert(
     "e2ee_outbound_sessions",
     ["room_id", "session_id", "pickle", "created_ms", "message_count", "settings_json"],
@@ -198,9 +210,12 @@ def save_changes(tx: Tx, changes: Changes) -> None:
             "DELETE FROM e2ee_withheld WHERE room_id = ? AND session_id = ?",
             list(changes.withheld_removed),
         )
-    if changes.seen:
-        tx.executemany(
-            _SEEN, [(r.session_id, r.message_index, r.event_digest) for r in changes.seen]
+    seen = changes.seen
+    for start in range(0, len(seen), _SEEN_ROWS):
+        part = seen[start : start + _SEEN_ROWS]
+        tx.execute(
+            _seen_sql(len(part)),
+            [v for r in part for v in (r.session_id, r.message_index, r.event_digest)],
         )
     if changes.outbound_removed:
         rooms = [(room,) for room in changes.outbound_removed]

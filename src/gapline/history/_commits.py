@@ -6,13 +6,19 @@ updates in commit order. The write and the queueing run in a task of their
 own that the caller awaits through ``asyncio.shield``: a caller cancelled
 mid-write gets its ``CancelledError``, while the write still lands and its
 updates still queue. :meth:`Commits.start` hands that task out instead (a walk's
-page: its driver awaits it itself, one task a page rather than two). :class:`Commits` owns those tasks until they end;
-:meth:`Commits.drain` (at engine shutdown) waits for the last of them.
+page, a heal's chunk: their callers await it later, one task a write rather than
+two). :class:`Commits` owns those tasks until they end; :meth:`Commits.drain` (at
+engine shutdown) waits for the last of them.
+
+:class:`StatementsRan` lets a caller go on beside a write's ``COMMIT``: an fsync,
+which holds no GIL, so the event loop's next work (showing the last page, checking
+the next chunk) costs nothing on top of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -28,12 +34,39 @@ from gapline.history._updates import (
 )
 from gapline.storage import Tx
 
-__all__ = ["Commits", "HistoryWrite"]
+__all__ = ["Commits", "HistoryWrite", "StatementsRan"]
 
 T = TypeVar("T")
 
 HistoryWrite = Callable[[Tx], tuple[T, dict[str, list[Update]]]]
 """A store operation returning its result and, per room, the updates it committed."""
+
+
+class StatementsRan:
+    """Called from the store's thread inside a write, once its statements ran and before
+    its ``COMMIT``; :meth:`wait` on the loop returns then (or when the write ended first:
+    it failed, or never called). Made on the loop that waits."""
+
+    __slots__ = ("_future", "_loop")
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._future: asyncio.Future[None] = self._loop.create_future()
+
+    def __call__(self) -> None:
+        # Inside the write's transaction: a loop closed meanwhile (nobody waits any more)
+        # must not make the write fail.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._settle)
+
+    def _settle(self, _write: object = None) -> None:
+        if not self._future.done():
+            self._future.set_result(None)
+
+    async def wait(self, write: asyncio.Future[Any]) -> None:
+        """Until the statements of ``write`` (the write this was given to) have run."""
+        write.add_done_callback(self._settle)
+        await self._future
 
 
 class Commits:

@@ -33,9 +33,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
-from functools import partial
 from typing import Any
 
+from gapline.history._commits import StatementsRan
 from gapline.history._failures import describe
 from gapline.history._fill import Commit, Fetch, WalkCancelled, WalkFailed, WalkFlow, WalkOutcome
 from gapline.history._operations import uncancel
@@ -53,22 +53,6 @@ CommitPage = Callable[[WalkState, Commit, Callable[[], None]], asyncio.Future[Pa
 ``StorageError`` when the store fails, and is owned by whoever started it (the page lands
 whether or not the driver still waits). The third argument (``stored``) is to be called
 from the store's thread once the page's statements ran, before its COMMIT."""
-
-
-def _settle(ready: asyncio.Future[None], _task: object = None) -> None:
-    if not ready.done():
-        ready.set_result(None)
-
-
-def _waker(loop: asyncio.AbstractEventLoop, ready: asyncio.Future[None]) -> Callable[[], None]:
-    """A commit's ``stored``: called from the store's thread, it settles ``ready`` on the loop."""
-
-    def wake() -> None:
-        # Inside the page's transaction: a closed loop (nobody waits) must not undo it.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(_settle, ready)
-
-    return wake
 
 
 async def _discard(task: asyncio.Task[MessagesResponse]) -> None:
@@ -90,7 +74,6 @@ async def drive(
     # The prefetched request and its task. Owned here: it is read by the next
     # Fetch, or cancelled and awaited (a stale one at once, the last one on exit).
     ahead: tuple[Request, asyncio.Task[MessagesResponse]] | None = None
-    loop = asyncio.get_running_loop()
     unflushed = False  # the last committed page is not flushed yet
     try:
         effect = next(flow)
@@ -120,15 +103,14 @@ async def drive(
                     # is cancelled meanwhile, once more below. Started before the
                     # prefetch, so the page reaches the store's thread before the
                     # next request's work takes the event loop.
-                    ready = loop.create_future()
-                    committing = commit(state, effect, _waker(loop, ready))
+                    ran = StatementsRan()
+                    committing = commit(state, effect, ran)
                     if effect.prefetch is not None:
                         ahead = (effect.prefetch, asyncio.create_task(fetch(effect.prefetch)))
                     try:
                         if unflushed:
                             unflushed = False
-                            committing.add_done_callback(partial(_settle, ready))
-                            await ready
+                            await ran.wait(committing)
                             await flush()
                         result = await asyncio.shield(committing)
                     except asyncio.CancelledError:
