@@ -7,6 +7,8 @@ The peer is a bare `CryptoMachine` behind the in-memory key server
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gapline.e2ee import export_room_keys, import_room_keys, save_changes
@@ -17,6 +19,17 @@ from tests.history.e2ee_support import ROOM, scene
 
 def _events(rows):
     return {r.event_id: r for r in rows if isinstance(r, EventItem)}
+
+
+def _set_ids(published: list[Any]) -> list[str]:
+    """The event ids of the rows changed in place (``Set``) in what was published."""
+    return [
+        d.value.event_id
+        for e in published
+        if isinstance(e, TimelineChanged)
+        for d in e.diffs
+        if isinstance(d, Set) and isinstance(d.value, EventItem)
+    ]
 
 
 async def test_a_quoted_event_fetched_undecryptable_heals_when_its_key_arrives(tmp_path) -> None:
@@ -99,14 +112,7 @@ async def test_a_heal_of_many_rows_in_chunks_changes_each_loaded_row_once(
         assert [r.id for r in s.rows()] == ids_before
         rows = _events(s.rows())
         assert [rows[e.event_id].body for e in events] == [f"message {i}" for i in range(10)]
-        sets = [
-            d.value.event_id
-            for e in s.sink.events
-            if isinstance(e, TimelineChanged)
-            for d in e.diffs
-            if isinstance(d, Set) and isinstance(d.value, EventItem)
-        ]
-        assert sorted(sets) == sorted(e.event_id for e in events)
+        assert sorted(_set_ids(s.sink.events)) == sorted(e.event_id for e in events)
 
 
 @pytest.mark.parametrize("plain_between", [1, 3])
@@ -140,14 +146,7 @@ async def test_a_chunk_read_as_a_range_heals_only_its_own_rows(
         rows = _events(s.rows())
         assert [rows[e.event_id].body for e in events] == [f"message {i}" for i in range(9)]
         assert [rows[e.event_id].body for e in plain] == [e.content["body"] for e in plain]
-        sets = [
-            d.value.event_id
-            for e in s.sink.events
-            if isinstance(e, TimelineChanged)
-            for d in e.diffs
-            if isinstance(d, Set) and isinstance(d.value, EventItem)
-        ]
-        assert sorted(sets) == sorted(e.event_id for e in events)
+        assert sorted(_set_ids(s.sink.events)) == sorted(e.event_id for e in events)
 
 
 @pytest.mark.parametrize("failing_chunk", [0, 1])
