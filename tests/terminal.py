@@ -19,7 +19,7 @@ import subprocess
 import termios
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 __all__ = ["TerminalChild", "processes_mentioning"]
@@ -138,24 +138,9 @@ class TerminalChild:
         self.hang_up()
 
 
-def processes_mentioning(text: str) -> list[str]:
-    """Command lines of the running processes that contain ``text`` (Linux /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in cmdline and str(os.getpid()) != entry.name:
-            found.append(f"{entry.name} {cmdline}")
-    return found
-
-
-def processes_in_session(sid: int) -> list[str]:
-    """``pid state command line`` of each running process in session ``sid`` (Linux /proc)."""
-    found = []
+def _processes() -> Iterator[tuple[str, str, str]]:
+    """(pid, /proc stat line, command line) of each running process (Linux /proc); one
+    that exits while it is read is left out."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -164,9 +149,22 @@ def processes_in_session(sid: int) -> list[str]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
+        yield entry.name, stat, cmdline
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of the running processes that contain ``text`` (Linux /proc)."""
+    me = str(os.getpid())
+    return [f"{pid} {cmdline}" for pid, _, cmdline in _processes() if text in cmdline and pid != me]
+
+
+def processes_in_session(sid: int) -> list[str]:
+    """``pid state command line`` of each running process in session ``sid`` (Linux /proc)."""
+    found = []
+    for pid, stat, cmdline in _processes():
         fields = stat[stat.rindex(")") + 2 :].split()  # state ppid pgrp session ...
         if int(fields[3]) == sid:
-            found.append(f"{entry.name} {fields[0]} {cmdline}")
+            found.append(f"{pid} {fields[0]} {cmdline}")
     return found
 
 

@@ -142,6 +142,14 @@ async def test_a_restart_reads_the_names_again(tmp_path: Path) -> None:
         await again.backend.close()
 
 
+async def fill_the_gap(h, room: str) -> set[str]:
+    """Fill the room's one gap (one page, by the config): the ids of the rows it brought."""
+    held = set(rows(h, room))
+    [gap] = gap_rows(h.engine.timeline(room).state.items)
+    await h.engine.execute(HistoryRepair(FillGap(room, gap.id)))
+    return set(rows(h, room)) - held
+
+
 async def test_a_fill_names_senders_as_the_member_state_says_between_its_pages(tmp_path):
     world = make_world()
     world.fake.set_displayname("bob", "Bob")
@@ -152,20 +160,14 @@ async def test_a_fill_names_senders_as_the_member_state_says_between_its_pages(t
         await open_settled(h, world.room)
         world.filler(40)
         await h.engine.sync_once()  # limited: a gap below its three newest events
-        held = set(rows(h, world.room))
-        [gap] = gap_rows(h.engine.timeline(world.room).state.items)
-        await h.engine.execute(HistoryRepair(FillGap(world.room, gap.id)))
-        first = set(rows(h, world.room)) - held
+        first = await fill_the_gap(h, world.room)
         assert len(first) == 10
         assert {rows(h, world.room)[i].sender_name for i in first} == {"Bob"}
         # Between two pages bob takes a new name: the next page (older events, named by
         # the current state since the walk passes no membership of bob's) says so.
         world.fake.set_displayname("bob", "Robert")
         await h.engine.sync_once()
-        held = set(rows(h, world.room))
-        [gap] = gap_rows(h.engine.timeline(world.room).state.items)
-        await h.engine.execute(HistoryRepair(FillGap(world.room, gap.id)))
-        second = set(rows(h, world.room)) - held
+        second = await fill_the_gap(h, world.room)
         assert len(second) == 10
         assert {rows(h, world.room)[i].sender_name for i in second} == {"Robert"}
 

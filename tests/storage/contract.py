@@ -17,8 +17,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
-from typing import Any, cast
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, TypeVar, cast
 
 import pytest
 
@@ -64,6 +64,9 @@ class Boom(Exception):
     """An operation's own failure."""
 
 
+T = TypeVar("T")
+
+
 class Gate:
     """A write that holds the writer thread until released."""
 
@@ -78,6 +81,19 @@ class Gate:
 
     async def wait_started(self) -> None:
         assert await asyncio.to_thread(self.started.wait, 30)
+
+
+async def queued_together(db: Backend, *writes: Coroutine[Any, Any, T]) -> list[asyncio.Task[T]]:
+    """Start ``writes`` while a gate holds the writer, so they reach it queued together
+    (one group commit), then let it go: their tasks, in the order given."""
+    gate = Gate()
+    held = asyncio.create_task(db.write(gate.op))
+    await gate.wait_started()
+    tasks = [asyncio.create_task(w) for w in writes]
+    await asyncio.sleep(0)
+    gate.release.set()
+    await held
+    return tasks
 
 
 CHILD_WRITE_THEN_WAIT = """
@@ -290,13 +306,9 @@ class BackendContract:
             rows = tx.all(f"INSERT INTO items (k, v) VALUES {values} RETURNING id", items)
             return [int(row[0]) for row in rows]
 
-        gate = Gate()
-        held = asyncio.ensure_future(db.write(gate.op))
-        await gate.wait_started()
-        futures = [asyncio.ensure_future(db.write_batched(insert_many, f"b{i}")) for i in range(8)]
-        await asyncio.sleep(0)
-        gate.release.set()
-        await held
+        futures = await queued_together(
+            db, *(db.write_batched(insert_many, f"b{i}") for i in range(8))
+        )
         ids = await asyncio.gather(*futures)
         assert calls == [[f"b{i}" for i in range(8)]]  # one call, in queue order
         assert ids == sorted(ids) and len(set(ids)) == 8  # each caller its own outcome

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gapline.storage import Backend, Tx
-from tests.storage.contract import Boom, Gate, insert, keys
+from tests.storage.contract import Boom, insert, keys, queued_together
 
 
 def hooked(k: str, seen: list[str], *, fail: bool = False) -> Any:
@@ -56,13 +56,7 @@ class CommitHooksContract:
             order.append("second")
             threads.append(threading.get_ident())
 
-        gate = Gate()
-        held = asyncio.ensure_future(db.write(gate.op))
-        await gate.wait_started()
-        a = asyncio.ensure_future(db.write(first))
-        await asyncio.sleep(0)
-        gate.release.set()
-        await held
+        [a] = await queued_together(db, db.write(first))
         await a
         await db.write(second)
         assert order == ["hook", "second"]
@@ -73,16 +67,13 @@ class CommitHooksContract:
         with pytest.raises(Boom):
             await db.write(hooked("alone", seen, fail=True))
         assert seen == []
-        gate = Gate()
-        held = asyncio.ensure_future(db.write(gate.op))
-        await gate.wait_started()
         # One group: the failing op's hook goes with its savepoint, its neighbours' run.
-        before = asyncio.ensure_future(db.write(hooked("before", seen)))
-        failing = asyncio.ensure_future(db.write(hooked("failing", seen, fail=True)))
-        after = asyncio.ensure_future(db.write(hooked("after", seen)))
-        await asyncio.sleep(0)
-        gate.release.set()
-        await held
+        before, failing, after = await queued_together(
+            db,
+            db.write(hooked("before", seen)),
+            db.write(hooked("failing", seen, fail=True)),
+            db.write(hooked("after", seen)),
+        )
         assert await before == 1
         with pytest.raises(Boom):
             await failing
@@ -109,14 +100,9 @@ class CommitHooksContract:
 
             tx.after_commit(raise_boom)
 
-        gate = Gate()
-        held = asyncio.ensure_future(db.write(gate.op))
-        await gate.wait_started()
-        broken = asyncio.ensure_future(db.write(breaks))
-        neighbour = asyncio.ensure_future(db.write(hooked("neighbour", seen)))
-        await asyncio.sleep(0)
-        gate.release.set()
-        await held
+        broken, neighbour = await queued_together(
+            db, db.write(breaks), db.write(hooked("neighbour", seen))
+        )
         with pytest.raises(Boom, match="hook"):
             await broken
         assert await neighbour == 1
@@ -132,13 +118,9 @@ class CommitHooksContract:
             tx.after_commit(lambda: seen.extend(items))
             return [1] * len(items)
 
-        gate = Gate()
-        held = asyncio.ensure_future(db.write(gate.op))
-        await gate.wait_started()
-        futures = [asyncio.ensure_future(db.write_batched(insert_many, f"b{i}")) for i in range(3)]
-        await asyncio.sleep(0)
-        gate.release.set()
-        await held
+        futures = await queued_together(
+            db, *(db.write_batched(insert_many, f"b{i}") for i in range(3))
+        )
         assert await asyncio.gather(*futures) == [1, 1, 1]
         assert seen == ["b0", "b1", "b2"]
 
