@@ -15,6 +15,8 @@ import contextlib
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
 
+import msgspec
+
 from gapline.history import (
     AcceptInvite,
     Answer,
@@ -82,7 +84,7 @@ def message(n: int, *, sender: str = "@alice:example.org", **kw: object) -> Even
         event_type="m.room.message",
         body=f"message {n}",
     )
-    return replace(item, **kw)  # type: ignore[arg-type]
+    return msgspec.structs.replace(item, **kw)
 
 
 def gap(
@@ -209,7 +211,7 @@ class FakeEngine:
                 if room not in self.items:
                     return RoomNotOpen()
                 n = 10_000 + len(self.commands)
-                row = replace(
+                row = msgspec.structs.replace(
                     message(n, sender=self.me or "@alice:example.org"),
                     body=body,
                     msgtype=command.msgtype,

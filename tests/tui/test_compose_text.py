@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import io
 import re
-from dataclasses import replace
 
 import pytest
+from msgspec.structs import replace
 from rich.console import Console
 from rich.text import Text
 from textual.app import App, ComposeResult

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import webbrowser
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import UTC
 
 import msgspec
+from msgspec.structs import replace
 from rich.console import Console
 from textual.widgets import Input, OptionList, Static
 

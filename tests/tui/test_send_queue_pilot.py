@@ -3,8 +3,7 @@ says why and offers retry (R) and discard (d), and the status line counts the qu
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+from msgspec.structs import replace
 from textual.widgets import Static
 
 from gapline.history import (

@@ -4,8 +4,7 @@ divider, typing in and out, the member list, edits and deletions, the live end."
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+from msgspec.structs import replace
 from textual.widgets import OptionList, Static
 
 from gapline.history import (

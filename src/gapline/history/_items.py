@@ -8,7 +8,9 @@ summary of the thread it roots (:class:`ThreadSummary`) and its sender's
 display name as of the event. Each of those is a value computed from what
 the cache committed, never patched in by a reader.
 
-Everything is immutable.
+Everything is immutable. An event row and its parts are msgspec Structs rather than
+dataclasses: a fill builds one row per event on the store's writer thread, and a
+Struct is built about six times faster (change one with ``msgspec.structs.replace``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
+
+import msgspec
 
 from gapline.e2ee import UtdReason
 
@@ -64,8 +68,7 @@ class ReplyStatus(enum.Enum):
     Unavailable = "Unavailable"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class InReplyTo:
+class InReplyTo(msgspec.Struct, frozen=True, kw_only=True):
     """The event a row replies to (``m.in_reply_to``), as far as the cache knows it.
 
     ``sender``, ``sender_name`` and ``body`` (its first line, ``None`` when it
@@ -112,16 +115,14 @@ class SendState:
 SendState.PENDING = SendState(SendStateKind.Pending)
 
 
-@dataclass(frozen=True, slots=True)
-class Reaction:
+class Reaction(msgspec.Struct, frozen=True):
     """One reaction key on a row and who reacted with it, earliest first."""
 
     key: str
     senders: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ThreadLatest:
+class ThreadLatest(msgspec.Struct, frozen=True, kw_only=True):
     """The newest reply of a thread, as its summary shows it (first line only)."""
 
     event_id: str
@@ -131,8 +132,7 @@ class ThreadLatest:
     redacted: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ThreadSummary:
+class ThreadSummary(msgspec.Struct, frozen=True, kw_only=True):
     """What a thread root row says of its thread: how many replies, the newest one,
     and whether this account took part (sent the root or a reply)."""
 
@@ -154,8 +154,7 @@ class Undecrypted:
     reason: UtdReason
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EventItem:
+class EventItem(msgspec.Struct, frozen=True, kw_only=True):
     """A room event as the timeline shows it (wire variant ``Event``).
 
     ``id`` is the row id, stable while the row exists (receipts and selection

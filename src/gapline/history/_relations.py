@@ -23,8 +23,9 @@ key, is still not a row, and changes nothing: the rule that checks it is
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from gapline.matrix import ClientEvent
 
@@ -51,8 +52,7 @@ class RelKind(enum.Enum):
     REDACTION = "redaction"
 
 
-@dataclass(frozen=True, slots=True)
-class Relation:
+class Relation(msgspec.Struct, frozen=True):
     """One event's relation: its kind, the event it relates to, and what it carries.
 
     ``valid`` is false for a relation whose shape is wrong (an edit without an

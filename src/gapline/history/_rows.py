@@ -15,8 +15,9 @@ One level only: a quote never quotes, so a reply chain that loops ends here.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING
+
+from msgspec.structs import replace
 
 from gapline.history._aggregates import Aggregate
 from gapline.history._items import EventItem, InReplyTo

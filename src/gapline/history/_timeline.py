@@ -34,7 +34,8 @@ import asyncio
 import bisect
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
+
+from msgspec.structs import replace
 
 from gapline.history._cache_store import Window
 from gapline.history._echoes import ECHO_ORD

@@ -13,7 +13,7 @@ arrived is not shown again).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 from gapline.history._echoes import ECHO_PREFIX
 from gapline.history._items import EventItem

@@ -9,7 +9,8 @@ receipts differ: copying a row is most of what placing it costs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+
+from msgspec.structs import replace
 
 from gapline.history._items import EventItem
 
