@@ -8,11 +8,14 @@ a ``dsn`` fixture and then delete the name so it is not collected twice.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 
+from gapline.history._aggregates import Aggregate
 from gapline.history._cache_store import CacheStore
 from gapline.history._decryption import MARK
 from gapline.history._healing import (
@@ -26,11 +29,13 @@ from gapline.history._healing import (
 from gapline.history._sections import Sections
 from gapline.history._types import GapLifecycle
 from gapline.history._updates import (
+    AggregateChanged,
     EventsAdded,
     GapAdded,
     GapChanged,
     GapRemoved,
     ReceiptsChanged,
+    RelationIndexed,
 )
 from gapline.history._walk_state import WalkState
 from gapline.matrix import ClientEvent
@@ -62,6 +67,41 @@ async def write(store: CacheStore, fn: Callable[[Sections], Any]) -> Any:
 
 async def ids(store: CacheStore) -> list[str]:
     return [e.event_id for e in await store.all_events(ROOM)]
+
+
+def react(target: str, n: int) -> ClientEvent:
+    return ClientEvent(
+        event_id=f"$r{n}",
+        type="m.reaction",
+        sender="@a:example.org",
+        origin_server_ts=100 + n,
+        content={"m.relates_to": {"rel_type": "m.annotation", "event_id": target, "key": "+1"}},
+    )
+
+
+async def reactions_placed(store: CacheStore, event: ClientEvent) -> list[str]:
+    """The reaction keys ``event``'s row gets when a later sync places it."""
+    _, updates = await write(store, lambda s: s.ingest_sync([event], limited=False, prev_batch="p"))
+    [item] = [
+        i
+        for u in updates
+        if isinstance(u, EventsAdded) and u.items is not None
+        for i in u.items
+        if i.event_id == event.event_id
+    ]
+    return [r.key for r in item.reactions]
+
+
+async def seen(store: CacheStore, event_ids: list[str]) -> set[str]:
+    """Those of ``event_ids`` the relation index says were seen (in a write, as the rules
+    ask)."""
+
+    def op(tx: Any) -> set[str]:
+        room = store.find_room(tx, ROOM)
+        assert room is not None
+        return set(store.relations.indexed(tx, room, event_ids))
+
+    return await store.backend.write(op)
 
 
 async def open_cache(dsn: str) -> CacheStore:
@@ -341,6 +381,71 @@ class CacheStoreContract:
         assert (first.body, first.edited, [r.key for r in first.reactions]) == ("new", True, ["k"])
         assert (second.redacted, second.body) == (True, None)
         assert second.thread_summary is not None and second.thread_summary.count == 1
+        await store.backend.close()
+
+    async def test_a_relation_in_a_later_transaction_finds_what_an_earlier_one_wrote(
+        self, open_store: OpenStore
+    ) -> None:
+        """The per-room key sets (``_key_sets``) never hide a row: an aggregate written
+        before its target arrives, and a relation event seen before, are found by a later
+        transaction, in the same store and after a reopen."""
+        store = await open_store()
+        await write(store, lambda s: s.ingest_sync([ev(1)], limited=False, prev_batch="p"))
+        await write(
+            store, lambda s: s.ingest_sync([react("$e9", 1)], limited=False, prev_batch="p")
+        )
+        assert await reactions_placed(store, ev(9)) == ["+1"]
+        await write(
+            store, lambda s: s.ingest_sync([react("$e8", 2)], limited=False, prev_batch="p")
+        )
+        await store.backend.close()
+        store = await open_store()
+        assert await seen(store, ["$r1", "$r2", "$r3"]) == {"$r1", "$r2"}
+        assert await reactions_placed(store, ev(8)) == ["+1"]
+        await store.backend.close()
+
+    async def test_a_load_of_a_rooms_keys_racing_a_write_hides_nothing(
+        self, open_store: OpenStore
+    ) -> None:
+        """A read loads the room's keys while a write that already added its keys has not
+        committed (so the read cannot see its rows): once it commits, neither its aggregate
+        nor its relation is hidden from a later transaction."""
+        store = await open_store()
+        await write(store, lambda s: s.ingest_sync([ev(1)], limited=False, prev_batch="p"))
+        await store.backend.close()
+        store = await open_store()  # nothing known of the room's keys
+        reached, go = threading.Event(), threading.Event()
+        held = Aggregate(redacted_by="$x")
+
+        def writes(tx: Any) -> None:
+            room = store.find_room(tx, ROOM)
+            assert room is not None
+            store.relations.write(tx, room, AggregateChanged((("$e9", held, False),)))
+            store.relations.write(tx, room, RelationIndexed((("$r1", "$e9", "annotation"),)))
+            reached.set()  # keys added, rows written, not committed
+            assert go.wait(30)
+
+        def loads(tx: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+            room = store.find_room(tx, ROOM)
+            assert room is not None
+            rel = store.relations
+            return rel.aggregates(tx, room, ["$e9"]), rel.indexed(tx, room, ["$r1"])
+
+        writer = asyncio.create_task(store.backend.write(writes))
+        try:
+            assert await asyncio.to_thread(reached.wait, 30)
+            assert await store.backend.read(loads) == ({}, {})  # the load read no row
+        finally:
+            go.set()
+        await writer
+        assert await seen(store, ["$r1"]) == {"$r1"}
+
+        def later(tx: Any) -> dict[str, Any]:
+            room = store.find_room(tx, ROOM)
+            assert room is not None
+            return store.relations.aggregates(tx, room, ["$e1", "$e9"])
+
+        assert await store.backend.write(later) == {"$e9": held}
         await store.backend.close()
 
     async def test_a_heals_chunks_read_their_own_rows_and_drop_their_entries(

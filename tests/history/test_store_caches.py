@@ -210,7 +210,7 @@ async def test_a_room_of_plain_messages_is_known_to_hold_no_aggregate(store: Cac
     await sync(store, [said(2)])
     found = await store.backend.read(lambda tx: store.find_room(tx, ROOM))
     assert found is not None
-    assert found.rid in store.relations._aggregates_none  # answered from memory from now on
+    assert store.relations.aggregate_keys.holds_none(found.rid)  # answered from memory now
 
 
 async def test_a_reaction_reaches_its_target_placed_later_in_the_same_transaction(

@@ -11,13 +11,13 @@ here only read, or apply the updates ``Sections`` emitted
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from gapline.history._aggregates import Aggregate, decode_aggregate, encode_aggregate
 from gapline.history._cache_schema import IN_LIST
+from gapline.history._key_sets import KeySets
 from gapline.history._member_cache import MemberCache
 from gapline.history._updates import (
     AggregateChanged,
@@ -47,9 +47,13 @@ class RelationTables:
 
     def __init__(self, store: CacheStore) -> None:
         self._store = store
-        self._aggregates_none: set[int] = set()  # rooms known to hold no aggregate
-        self._aggregates_some: set[int] = set()  # rooms that may hold some
-        self._aggregates_lock = threading.Lock()  # writer threads of PostgreSQL
+        self.aggregate_keys = KeySets()
+        """A superset of each room's ``history_aggregate.target`` keys (``_key_sets``):
+        a lookup asks only for targets that may hold an aggregate, none in a room of
+        plain messages. Every write of the table goes through :meth:`write`."""
+        self.relation_keys = KeySets()
+        """The same for ``history_relation.event``: "seen before?" asks only for relation
+        events that may have been."""
         self._sealed: dict[tuple[int, bytes], tuple[Aggregate, bytes]] = {}
         """The last sealed value of an aggregate, by (room, target), with the aggregate it
         seals: a page seals each aggregate once for its row's copy and its table row, and
@@ -73,6 +77,25 @@ class RelationTables:
             known.update(zip(missing, self._store.event_keys(missing), strict=True))
         return {known[i]: i for i in unique}
 
+    def _held(
+        self, tx: Tx, sets: KeySets, table: str, column: str, rid: int, keys: Sequence[bytes]
+    ) -> list[bytes]:
+        """Those of ``keys`` the table may hold for the room (the room's keys are read once,
+        the first time)."""
+        held = sets.may_hold(rid, keys)
+        if held is None:
+            sets.load(
+                rid,
+                lambda limit: [
+                    bytes(r[0])
+                    for r in tx.all(
+                        f"SELECT {column} FROM {table} WHERE room = ? LIMIT ?", (rid, limit)
+                    )
+                ],
+            )
+            held = sets.may_hold(rid, keys)
+        return list(keys) if held is None else held
+
     def _in(self, tx: Tx, sql: str, room: Room, keys: Sequence[bytes]) -> Iterable[tuple[Any, ...]]:
         for start in range(0, len(keys), IN_LIST):
             chunk = keys[start : start + IN_LIST]
@@ -89,44 +112,25 @@ class RelationTables:
     ) -> dict[str, Aggregate]:
         """The aggregates held for ``event_ids`` (those with none are left out); ``known``
         may hold hashes the caller computed already."""
-        if not self._may_hold_aggregates(tx, room.rid):
-            return {}
+        if self.aggregate_keys.holds_none(room.rid):
+            return {}  # a room of plain messages: not even a hash to compute
         by_key = self._hashes(event_ids, known)
+        keys = self._held(
+            tx, self.aggregate_keys, "history_aggregate", "target", room.rid, list(by_key)
+        )
         out: dict[str, Aggregate] = {}
+        if not keys:
+            return out
         for target, value in self._in(
             tx,
             "SELECT target, value FROM history_aggregate WHERE room = ? AND target IN ({marks})",
             room,
-            list(by_key),
+            keys,
         ):
             key, sealed = bytes(target), bytes(value)
             aggregate = out[by_key[key]] = self.open(room, key, sealed)
             self._remember(room.rid, key, aggregate, sealed)
         return out
-
-    def _may_hold_aggregates(self, tx: Tx, rid: int) -> bool:
-        """False only for a room known to hold no aggregate at all (most rooms of plain
-        messages, whose every batch would otherwise look its ids up for nothing).
-
-        Known from one read of the room, the first time; every write of an aggregate
-        says "may hold" at once, inside its transaction (so a later batch of the same
-        transaction looks up what an earlier one wrote), and for good: nothing turns
-        it back. A read's "none" is kept only if no write said otherwise meanwhile. Like
-        the member cache, this holds because the engine's store is the only writer of
-        its history tables."""
-        if rid in self._aggregates_none:
-            return False
-        if rid in self._aggregates_some:
-            return True
-        found = tx.one("SELECT 1 FROM history_aggregate WHERE room = ? LIMIT 1", (rid,))
-        with self._aggregates_lock:
-            if found is not None:
-                self._aggregates_some.add(rid)
-                return True
-            if rid not in self._aggregates_some:
-                self._aggregates_none.add(rid)
-                return False
-        return True
 
     def open(self, room: Room, event_key: bytes, sealed: Any) -> Aggregate:
         """A sealed aggregate (of ``history_aggregate`` or a row's copy)."""
@@ -182,9 +186,7 @@ class RelationTables:
             tx.executemany("DELETE FROM history_aggregate WHERE room = ? AND target = ?", gone)
             tx.executemany("UPDATE history_event SET agg = NULL WHERE room = ? AND event = ?", gone)
         if kept:
-            with self._aggregates_lock:
-                self._aggregates_none.discard(room.rid)
-                self._aggregates_some.add(room.rid)
+            self.aggregate_keys.add(room.rid, [k for k, _, _ in kept])  # before COMMIT
             tx.executemany(
                 "INSERT INTO history_aggregate (room, target, value) VALUES (?, ?, ?)"
                 " ON CONFLICT (room, target) DO UPDATE SET value = excluded.value",
@@ -219,7 +221,14 @@ class RelationTables:
     ) -> dict[str, tuple[str, str]]:
         """Relation events among ``event_ids`` already seen: the event each relates to,
         and how."""
+        if self.relation_keys.holds_none(room.rid):
+            return {}
         by_key = self._hashes(event_ids, known)
+        keys = self._held(
+            tx, self.relation_keys, "history_relation", "event", room.rid, list(by_key)
+        )
+        if not keys:
+            return {}
         decrypt = self._store.cipher.decrypt
         return {
             by_key[bytes(event)]: (
@@ -231,7 +240,7 @@ class RelationTables:
                 "SELECT event, target_id, kind FROM history_relation WHERE room = ?"
                 " AND event IN ({marks})",
                 room,
-                list(by_key),
+                keys,
             )
         }
 
@@ -353,6 +362,7 @@ class RelationTables:
                 self._put_aggregates(tx, room, entries, event_key)
             case RelationIndexed(entries=entries):
                 events = [event_key(e) for e, _, _ in entries]
+                self.relation_keys.add(room.rid, events)  # before COMMIT
                 targets = [event_key(t) for _, t, _ in entries]
                 sealed = self._store.cipher.encrypt_many(
                     [
