@@ -81,14 +81,7 @@ class KeySets:
             room = self._rooms.get(rid)
             if room is None:
                 room = self._rooms[rid] = _RoomKeys()
-            held = room.keys
-            if held is None:
-                return
-            before = len(held)
-            held.update(keys)
-            self._total += len(held) - before
-            if len(held) > self.per_room or self._total > self._total_cap:
-                self._too_many(room)
+            self._grow(room, keys)
 
     def load(self, rid: int, read: Callable[[int], Iterable[bytes]]) -> None:
         """Read the room's keys (``read(limit)`` returns at most ``limit`` of them) and install
@@ -108,17 +101,21 @@ class KeySets:
             if room.loaded:
                 return
             room.loaded = True
-            held = room.keys
-            if held is None:
-                return
             if len(found) > self.per_room:
                 self._too_many(room)
                 return
-            before = len(held)
-            held.update(found)
-            self._total += len(held) - before
-            if len(held) > self.per_room or self._total > self._total_cap:
-                self._too_many(room)
+            self._grow(room, found)
+
+    def _grow(self, room: _RoomKeys, keys: Iterable[bytes]) -> None:
+        """Add ``keys`` to a room's set (under the lock), turning it "too many" over a cap."""
+        held = room.keys
+        if held is None:
+            return
+        before = len(held)
+        held.update(keys)
+        self._total += len(held) - before
+        if len(held) > self.per_room or self._total > self._total_cap:
+            self._too_many(room)
 
     def _too_many(self, room: _RoomKeys) -> None:
         if room.keys is not None:
