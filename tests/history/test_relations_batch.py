@@ -130,3 +130,23 @@ async def test_a_bundled_newest_reply_the_batch_holds_keeps_the_batchs_copy(tmp_
     held = await store.aggregate(ROOM, "$root")
     assert held is not None and held.thread is not None and held.thread.count == 1
     await store.backend.close()
+
+
+async def test_a_bundle_is_taken_into_the_aggregate_and_not_stored_with_its_event(tmp_path):
+    """The server's bundle repeats whole events: once the rules took it, the event is
+    stored without it (other ``unsigned`` keys stay), and the row still shows what it said,
+    after the store is opened again too."""
+    path = str(tmp_path / "history.sqlite3")
+    store = await open_cache(path)
+    edit = event("$e", 2, edit_of("$t", "v1"))
+    unsigned = {"age": 7, **bundled(**{"m.replace": msgspec.to_builtins(edit)})}
+    target = text("$t", 1, "v0", unsigned=unsigned)
+    await write(store, lambda s: s.ingest_sync([target], limited=True, prev_batch="p"))
+    [stored] = await store.all_events(ROOM)
+    assert stored.event.unsigned == {"age": 7}
+    assert stored.event.content == target.content
+    await store.backend.close()
+    store = await open_cache(path)
+    row = (await window_rows(store))["$t"]
+    assert (row.body, row.edited) == ("v1", True)
+    await store.backend.close()

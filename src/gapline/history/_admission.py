@@ -21,7 +21,8 @@ first; the relation index remembers it):
 - **reactions** (``m.annotation`` with a key) are aggregated on the target;
 - **thread replies** count on their root (and are rows of the thread only);
 - a server's bundled aggregations of an event (its newest edit, its thread's
-  summary) are taken as if their events had arrived, with the same checks.
+  summary) are taken as if their events had arrived, with the same checks, and
+  the event is stored without them: its aggregate holds what they said.
 
 A changed event that is retained is published as a ``RowChanged``; when it is
 the newest reply of a thread, its root's summary changes with it.
@@ -93,6 +94,12 @@ def purged(event: ClientEvent, redaction_id: str) -> ClientEvent:
     return msgspec.structs.replace(
         event, content=kept, unsigned={"redacted_because": {"event_id": redaction_id}}
     )
+
+
+def unbundled(event: ClientEvent) -> ClientEvent:
+    """``event`` without the server's bundled aggregations (``unsigned.m.relations``)."""
+    unsigned = {k: v for k, v in event.unsigned.items() if k != "m.relations"}
+    return msgspec.structs.replace(event, unsigned=unsigned)
 
 
 def _event(value: Any) -> ClientEvent | None:
@@ -217,7 +224,7 @@ class Admission:
                 self._relate(batch, event, rel)
         # Each event's redaction as the loop above leaves it (nothing below purges one).
         gone_after = [is_redacted(e) for e in events]
-        for event, gone in zip(events, gone_after, strict=True):
+        for i, (event, gone) in enumerate(zip(events, gone_after, strict=True)):
             if gone:
                 continue
             held = batch.get(event.event_id)
@@ -225,6 +232,9 @@ class Admission:
                 batch.put(event.event_id, only_sender(held, event.sender))
             if "m.relations" in event.unsigned:  # what _bundles reads; most events have none
                 self._bundles(batch, event)
+                # Taken into the aggregate: the event is stored without it (the bundle
+                # repeats whole events, and the aggregate is where they count).
+                events[i] = batch.events[event.event_id] = unbundled(event)
         items = [self._row(batch, e) for e in events]
         items, effects = self._settle(batch, events, items, redacted_now)
         if s.thread_root is None:
