@@ -36,6 +36,7 @@ from gapline.history._updates import (
     GapRemoved,
     ReceiptsChanged,
     RelationIndexed,
+    Room,
 )
 from gapline.history._walk_state import WalkState
 from gapline.matrix import ClientEvent
@@ -92,13 +93,19 @@ async def reactions_placed(store: CacheStore, event: ClientEvent) -> list[str]:
     return [r.key for r in item.reactions]
 
 
+def room_in(store: CacheStore, tx: Any) -> Room:
+    """The test room's row (it must be known by now)."""
+    room = store.find_room(tx, ROOM)
+    assert room is not None
+    return room
+
+
 async def seen(store: CacheStore, event_ids: list[str]) -> set[str]:
     """Those of ``event_ids`` the relation index says were seen (in a write, as the rules
     ask)."""
 
     def op(tx: Any) -> set[str]:
-        room = store.find_room(tx, ROOM)
-        assert room is not None
+        room = room_in(store, tx)
         return set(store.relations.indexed(tx, room, event_ids))
 
     return await store.backend.write(op)
@@ -418,16 +425,14 @@ class CacheStoreContract:
         held = Aggregate(redacted_by="$x")
 
         def writes(tx: Any) -> None:
-            room = store.find_room(tx, ROOM)
-            assert room is not None
+            room = room_in(store, tx)
             store.relations.write(tx, room, AggregateChanged((("$e9", held, False),)))
             store.relations.write(tx, room, RelationIndexed((("$r1", "$e9", "annotation"),)))
             reached.set()  # keys added, rows written, not committed
             assert go.wait(30)
 
         def loads(tx: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-            room = store.find_room(tx, ROOM)
-            assert room is not None
+            room = room_in(store, tx)
             rel = store.relations
             return rel.aggregates(tx, room, ["$e9"]), rel.indexed(tx, room, ["$r1"])
 
@@ -441,8 +446,7 @@ class CacheStoreContract:
         assert await seen(store, ["$r1"]) == {"$r1"}
 
         def later(tx: Any) -> dict[str, Any]:
-            room = store.find_room(tx, ROOM)
-            assert room is not None
+            room = room_in(store, tx)
             return store.relations.aggregates(tx, room, ["$e1", "$e9"])
 
         assert await store.backend.write(later) == {"$e9": held}

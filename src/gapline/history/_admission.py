@@ -96,7 +96,7 @@ def purged(event: ClientEvent, redaction_id: str) -> ClientEvent:
     )
 
 
-def unbundled(event: ClientEvent) -> ClientEvent:
+def _unbundled(event: ClientEvent) -> ClientEvent:
     """``event`` without the server's bundled aggregations (``unsigned.m.relations``)."""
     unsigned = {k: v for k, v in event.unsigned.items() if k != "m.relations"}
     return msgspec.structs.replace(event, unsigned=unsigned)
@@ -234,7 +234,7 @@ class Admission:
                 self._bundles(batch, event)
                 # Taken into the aggregate: the event is stored without it (the bundle
                 # repeats whole events, and the aggregate is where they count).
-                events[i] = batch.events[event.event_id] = unbundled(event)
+                events[i] = batch.events[event.event_id] = _unbundled(event)
         items = [self._row(batch, e) for e in events]
         items, effects = self._settle(batch, events, items, redacted_now)
         if s.thread_root is None:
