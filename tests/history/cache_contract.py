@@ -411,6 +411,69 @@ class CacheStoreContract:
         assert await reactions_placed(store, ev(8)) == ["+1"]
         await store.backend.close()
 
+    async def test_a_gap_is_read_from_the_last_write_only_while_nothing_moved_it(
+        self, open_store: OpenStore
+    ) -> None:
+        """``gap`` answers from the last committed gap write without a read, and only
+        while no gap write of the room has been made since: a rolled-back write, a later
+        write and a reopen all make it read the row again, and every answer equals the
+        row."""
+        store = await open_store()
+        await write(store, lambda s: s.ingest_sync([ev(1)], limited=False, prev_batch=None))
+        await write(store, lambda s: s.ingest_sync([ev(10)], limited=True, prev_batch="c0"))
+        [_, made] = await store.all_gaps(ROOM)
+
+        def row(tx: Any) -> Any:
+            return store.gap_by_id(tx, room_in(store, tx), made.gap_id)
+
+        reads = 0
+        real_read = store.backend.read
+
+        async def counted(op: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            return await real_read(op)
+
+        setattr(store.backend, "read", counted)  # noqa: B010 - counts the reads
+        assert await store.gap(ROOM, made.gap_id) == made
+        assert reads == 0  # the limited sync's own write says what the row holds
+
+        def moved_then_failed(s: Sections) -> None:
+            s.set_gap_state(made.gap_id, GapLifecycle.Failed, "boom")
+            raise RuntimeError("rolled back")
+
+        with pytest.raises(RuntimeError):
+            await write(store, moved_then_failed)
+        assert await store.gap(ROOM, made.gap_id) == made  # the row, read back
+        assert reads == 1
+        assert await store.gap(ROOM, made.gap_id) == made
+        assert reads == 2  # still read: nothing committed since the rollback
+
+        await write(store, lambda s: s.set_gap_state(made.gap_id, GapLifecycle.Failed, "boom"))
+        await write(store, lambda s: s.set_gap_state(made.gap_id, GapLifecycle.Paused))
+        paused = await store.gap(ROOM, made.gap_id)
+        assert reads == 2
+        assert paused == await store.backend.write(row)
+        assert paused is not None
+        assert (paused.lifecycle, paused.failure) == (GapLifecycle.Paused, None)
+
+        result, _ = await write(
+            store, lambda s: s.walk_page(WalkState(None, made.gap_id), [ev(9), ev(8)], "c1")
+        )
+        walked = await store.gap(ROOM, made.gap_id)
+        assert reads == 2
+        assert walked == await store.backend.write(row) == result.gap
+        assert walked is not None and (walked.cursor, walked.newer_boundary) == ("c1", "$e8")
+        await write(store, lambda s: s.walk_page(result.state, [ev(7), ev(1)], "c2"))
+        assert await store.gap(ROOM, made.gap_id) is None  # joined: the gap is gone
+        assert reads == 3
+        await store.backend.close()
+
+        store = await open_store()  # a new process knows nothing of earlier writes
+        assert await store.gap(ROOM, made.gap_id) is None
+        assert [g.is_top for g in await store.all_gaps(ROOM)] == [True]
+        await store.backend.close()
+
     async def test_a_load_of_a_rooms_keys_racing_a_write_hides_nothing(
         self, open_store: OpenStore
     ) -> None:

@@ -205,6 +205,12 @@ class CacheReads:
     async def gap(
         self: CacheStore, room_id: str, gap_id: str, *, thread_root: str | None = None
     ) -> GapRecord | None:
+        room = self._rooms.get(room_id if thread_root is None else thread_key(room_id, thread_root))
+        if room is not None:
+            known = self.known_gap(room, gap_id)
+            if known is not None:
+                return known
+
         def op(tx: Tx) -> GapRecord | None:
             rooms = self._timeline(tx, room_id, thread_root)
             return None if rooms is None else self.gap_by_id(tx, rooms[0], gap_id)

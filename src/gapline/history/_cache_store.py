@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from functools import partial
 from hashlib import blake2b as _blake2b
 from typing import Any, Protocol
@@ -143,6 +144,9 @@ class CacheStore(CacheReads):
         self.sends = SendTable(self)
         self._gap_counts: dict[int, int] = {}  # gap_writes, by room number
         self._gap_lock = threading.Lock()
+        self._last_gap: dict[int, tuple[int, GapRecord]] = {}
+        """Per room number, the gap its last committed gap write left, with the room's
+        gap-write count right after that write (see :meth:`known_gap`)."""
         self._rooms: dict[str, Room] = {}
         """Room (and thread) ids registered in a committed transaction, with their number:
         a ``history_room`` row is never removed nor renumbered once committed, so the
@@ -426,7 +430,7 @@ class CacheStore(CacheReads):
                     ],
                 )
             case GapAdded(gap=gap):
-                self._note_gap_write(room)
+                count = self._note_gap_write(room)
                 tx.execute(
                     "INSERT INTO history_gap (room, newer_ord, gap_id, older_ord, older_boundary,"
                     " newer_boundary, cursor, lifecycle, failure) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -438,8 +442,9 @@ class CacheStore(CacheReads):
                         *self._gap_values(room, gap),
                     ),
                 )
+                self._remember_gap(tx, room, gap, count)
             case GapChanged(gap=gap):
-                self._note_gap_write(room)
+                count = self._note_gap_write(room)
                 changed = tx.execute(
                     "UPDATE history_gap SET older_boundary = ?, newer_boundary = ?, cursor = ?,"
                     " lifecycle = ?, failure = ? WHERE room = ? AND gap_id = ?",
@@ -447,6 +452,8 @@ class CacheStore(CacheReads):
                 )
                 if changed != 1:  # the row is gone (or the count unknown): carry nothing
                     self._note_gap_write(room)
+                else:
+                    self._remember_gap(tx, room, gap, count)
             case GapRemoved(gap=gap):
                 self._note_gap_write(room)
                 tx.execute(
@@ -502,9 +509,39 @@ class CacheStore(CacheReads):
         that rolls back, makes the next page read the row."""
         return self._gap_counts.get(room.rid, 0)
 
-    def _note_gap_write(self, room: Room) -> None:
-        with self._gap_lock:  # writer threads of PostgreSQL
-            self._gap_counts[room.rid] = self._gap_counts.get(room.rid, 0) + 1
+    def known_gap(self, room: Room, gap_id: str) -> GapRecord | None:
+        """Gap ``gap_id`` as the database holds it, when no read is needed to know it:
+        the room's last gap write was of this gap, it committed, and no gap write of the
+        room has been made since (in any transaction, however it ended). ``None``: read.
+
+        A fill starts from the gap a limited sync just wrote; this spares it reading the
+        row back (a reader-thread round trip before its first request)."""
+        known = self._last_gap.get(room.rid)
+        if known is None or known[0] != self.gap_writes(room) or known[1].gap_id != gap_id:
+            return None
+        return known[1]
+
+    def _remember_gap(self, tx: Tx, room: Room, gap: GapRecord, count: int) -> None:
+        """After its commit, remember the row this transaction's gap write (the room's
+        ``count``-th) left, as a read would return it (a failure only with a failed
+        lifecycle)."""
+        if gap.failure is not None and gap.lifecycle is not GapLifecycle.Failed:
+            gap = replace(gap, failure=None)
+        tx.after_commit(partial(self._install_gap, room.rid, count, gap))
+
+    def _install_gap(self, rid: int, count: int, gap: GapRecord) -> None:
+        with self._gap_lock:
+            # A later write of the room's gaps (even one rolled back) moved the count: the
+            # row may differ from ``gap``, so it is not remembered.
+            if self._gap_counts.get(rid, 0) == count:
+                self._last_gap[rid] = (count, gap)
+
+    def _note_gap_write(self, room: Room) -> int:
+        """Count a write of the room's gaps; the count it made (taken under the lock, so
+        two writer threads of PostgreSQL never see the same one)."""
+        with self._gap_lock:
+            count = self._gap_counts[room.rid] = self._gap_counts.get(room.rid, 0) + 1
+        return count
 
     def _gap_values(self, room: Room, gap: GapRecord) -> tuple[Any, ...]:
         aad = room.key + gap.gap_id.encode()

@@ -84,6 +84,15 @@ class MemberView:
             count += int(now.display_name == name and now.membership in PRESENT)
         return count
 
+    def _as_now(self, events: Sequence[ClientEvent]) -> dict[str, str | None]:
+        """Names of a batch that changes no member: each sender's current name, worked out
+        once per sender (most pages come from a handful of senders)."""
+        shown: dict[str, str | None] = {}
+        for sender in dict.fromkeys(e.sender for e in events):
+            current = self._current.get(sender)
+            shown[sender] = self.display(sender, None if current is None else current.display_name)
+        return {e.event_id: shown[e.sender] for e in events}
+
     def display(self, user: str, name: str | None) -> str | None:
         if name is None:
             return None
@@ -105,6 +114,8 @@ class MemberView:
     def forward(self, events: Sequence[ClientEvent]) -> dict[str, str | None]:
         """Names of a sync's timeline events (oldest first), moving the current state."""
         self._load([e.sender for e in events] + [e.state_key for e in events if e.state_key])
+        if not any(e.type == MEMBER for e in events):
+            return self._as_now(events)
         names: dict[str, str | None] = {}
         for event in events:
             record = member_record(event)
@@ -122,6 +133,8 @@ class MemberView:
     def backward(self, events: Sequence[ClientEvent]) -> dict[str, str | None]:
         """Names of a backwards page's events (newest first); the current state stays."""
         self._load([e.sender for e in events])
+        if not any(e.type == MEMBER for e in events):
+            return self._as_now(events)
         before: dict[str, str | None] = {}
         names: dict[str, str | None] = {}
         for event in events:

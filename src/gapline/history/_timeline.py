@@ -348,6 +348,8 @@ class Timeline(SortedRows):
                 rows = items if items is not None else [render(e, None) for e in events]
                 flags = shown if shown is not None else (True,) * len(events)
                 by_event = self._receipts.readers()
+                if self._place_run(ord_, pos, rows, flags, by_event, out):
+                    return out
                 # The loop of every page placed: locals, one bisect per row (the index
                 # that says whether the row is loaded is where it goes).
                 keys, echoes, quoting = self._keys, self._echoes, self._quoting
@@ -459,6 +461,50 @@ class Timeline(SortedRows):
                     if diff is not None:
                         out.append(diff)
         return out
+
+    def _place_run(
+        self,
+        ord_: int,
+        pos: int,
+        rows: Sequence[EventItem],
+        flags: Sequence[bool],
+        by_event: dict[str, tuple[str, ...]],
+        out: list[VectorDiff],
+    ) -> bool:
+        """Place a page's rows in one go when they are the simple case the row-by-row loop
+        of ``_apply`` would place one after another at consecutive indexes: every row
+        shown and in the window, none loaded already, nothing else loaded between them,
+        no echo waiting, no fully-read marker and no quote among them. The diffs are the
+        ones that loop makes; ``False`` (nothing done) for anything else."""
+        if not rows or self._echoes.keys or not all(flags):
+            return False
+        first, last = (ord_, pos, 1), (ord_, pos + len(rows) - 1, 1)
+        if not (self._visible(first[:2]) and self._visible(last[:2])):
+            return False
+        keys = self._keys
+        j = bisect.bisect_left(keys, first)
+        if j < len(keys) and keys[j] <= last:
+            return False  # a row already loaded, or another row between them
+        ids = [item.event_id for item in rows]
+        if self._receipts.fully_read in ids or self._quoting.quotes_any(ids):
+            return False
+        placed = [
+            with_receipts(item, by_event) if by_event or item.receipts else item for item in rows
+        ]
+        run = [(ord_, pos + i, 1) for i in range(len(rows))]
+        if j == len(keys):  # at the end: appended, one diff a row
+            out.extend(Append((row,)) for row in placed)
+        else:
+            if self._echoes.aliasing:
+                placed = [self._echoes.aliased(row) for row in placed]
+            out.extend(Insert(j + i, row) for i, row in enumerate(placed))
+        keys[j:j] = run
+        self._items[j:j] = placed
+        self._event_keys.update(zip(ids, run, strict=True))  # what _track does, for a run
+        self._quoting.add_many(run, list(rows))
+        if self._low is None or first[:2] < self._low:
+            self._low = first[:2]
+        return True
 
     def _healed(self, rows: Sequence[tuple[ClientEvent, str | None]]) -> list[VectorDiff]:
         """``RowChanged`` for the healed events held or quoted here; no other is rendered."""

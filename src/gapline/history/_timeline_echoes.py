@@ -69,6 +69,11 @@ class EchoRows:
         """The event ``event_id`` took over the echo row ``row_id``."""
         self._aliases[event_id] = row_id
 
+    @property
+    def aliasing(self) -> bool:
+        """Some event took over an echo's row (else :meth:`aliased` returns every row)."""
+        return bool(self._aliases)
+
     def aliased(self, item: TimelineItem) -> TimelineItem:
         """An event that took over an echo's row keeps showing under the echo's id."""
         if self._aliases and isinstance(item, EventItem) and item.send_state is None:

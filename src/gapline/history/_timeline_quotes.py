@@ -22,12 +22,22 @@ class QuotingRows:
     def __contains__(self, event_id: str) -> bool:
         return event_id in self._by_target
 
+    def quotes_any(self, event_ids: list[str]) -> bool:
+        """Some row quotes one of ``event_ids``."""
+        return bool(self._by_target) and not self._by_target.keys().isdisjoint(event_ids)
+
     def clear(self) -> None:
         self._by_target.clear()
 
     def add(self, key: RowKey, item: EventItem) -> None:
         if item.in_reply_to is not None:
             self._by_target.setdefault(item.in_reply_to.event_id, set()).add(key)
+
+    def add_many(self, keys: list[RowKey], items: list[EventItem]) -> None:
+        """:meth:`add` for rows placed together (most quote nothing)."""
+        for key, item in zip(keys, items, strict=True):
+            if item.in_reply_to is not None:
+                self._by_target.setdefault(item.in_reply_to.event_id, set()).add(key)
 
     def discard(self, key: RowKey, item: EventItem) -> None:
         if item.in_reply_to is None:
