@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias
 
+import msgspec
+
 from gapline.history._commands import (
     AcceptInvite,
     AcceptVerification,
@@ -302,45 +304,41 @@ RecentHistoryState.IDLE = RecentHistoryState(RecentHistoryKind.Idle)
 # --------------------------------------------------------------------------- diffs (eyeball-im VectorDiff)
 
 
-@dataclass(frozen=True, slots=True)
-class Append:
+# msgspec Structs: a page of fifty rows makes fifty diffs, and a Struct is made in a sixth
+# of a frozen dataclass's time.
+
+
+class Append(msgspec.Struct, frozen=True):
     values: tuple[TimelineItem, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class PushFront:
+class PushFront(msgspec.Struct, frozen=True):
     value: TimelineItem
 
 
-@dataclass(frozen=True, slots=True)
-class PushBack:
+class PushBack(msgspec.Struct, frozen=True):
     value: TimelineItem
 
 
-@dataclass(frozen=True, slots=True)
-class Insert:
+class Insert(msgspec.Struct, frozen=True):
     index: int
     value: TimelineItem
 
 
-@dataclass(frozen=True, slots=True)
-class Set:
+class Set(msgspec.Struct, frozen=True):
     index: int
     value: TimelineItem
 
 
-@dataclass(frozen=True, slots=True)
-class Remove:
+class Remove(msgspec.Struct, frozen=True):
     index: int
 
 
-@dataclass(frozen=True, slots=True)
-class Clear:
+class Clear(msgspec.Struct, frozen=True):
     pass
 
 
-@dataclass(frozen=True, slots=True)
-class Reset:
+class Reset(msgspec.Struct, frozen=True):
     values: tuple[TimelineItem, ...]
 
 
