@@ -34,6 +34,7 @@ class Recorder:
         del request
         self.fetched += 1
         n = self.fetched
+        self.log.append(f"fetching {n}")
         if self.fetch_delay:
             await asyncio.sleep(self.fetch_delay)
         self.log.append(f"fetched {n}")
@@ -109,3 +110,40 @@ async def test_a_walk_cancelled_mid_commit_counts_the_page() -> None:
     outcome = await task
     assert outcome.end is WalkEnd.Cancelled
     assert outcome.pages == 1 and "committed 1" in recorder.log
+
+
+async def test_the_next_page_is_requested_once_the_statements_ran_before_the_commit() -> None:
+    """The next request goes out beside the COMMIT: after page N's statements ran (so its
+    work, which takes the GIL, does not slow them down) and before its COMMIT ended."""
+    recorder = Recorder()
+    outcome = await _walk(recorder, budget=3)
+    assert outcome.pages == 3
+    log = recorder.log
+    for n in (1, 2):  # page N's commit announces page N+1's request
+        at = log.index(f"fetching {n + 1}")
+        assert log.index(f"statements {n}") < at < log.index(f"committed {n}"), log
+
+
+async def test_a_page_whose_write_fails_asks_for_no_next_page() -> None:
+    """A write that fails before its statements ran: the walk ends failed, and the next
+    page it announced is never requested."""
+    from gapline.storage import StorageError
+
+    recorder = Recorder()
+
+    def failing(
+        at: WalkState, effect: Commit, stored: Callable[[], None]
+    ) -> asyncio.Future[PageResult]:
+        del at, effect, stored
+
+        async def write() -> PageResult:
+            raise StorageError("disk full")
+
+        return asyncio.create_task(write())
+
+    flow = backwards_walk("!r:x", "t0", page_size=2, budget=3)
+    outcome = await drive(
+        flow, WalkState(), fetch=recorder.fetch, commit=failing, flush=recorder.flush
+    )
+    assert outcome.end is WalkEnd.Failed and outcome.pages == 0
+    assert recorder.log == ["fetching 1", "fetched 1"], recorder.log

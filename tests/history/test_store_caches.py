@@ -341,3 +341,17 @@ async def test_the_sealed_aggregates_kept_are_bounded(
     assert 0 < len(store.relations._sealed) <= 3
     aggregate = await store.aggregate(ROOM, "$m1")  # what was forgotten is still written
     assert aggregate is not None and [a.event_id for a in aggregate.annotations] == ["$r11"]
+
+
+async def test_event_hashes_are_the_keyed_blake2b_the_stored_rows_were_made_with(
+    store: CacheStore,
+) -> None:
+    """Rows are found by their event's hash: the hash of one id and of a batch stay the
+    keyed BLAKE2b-128 of the id under the store's event subkey."""
+    import hashlib
+
+    subkey = store.cipher.lookup_key("gapline/history/event-id-subkey/v1")
+    ids = ["$a:x", "$b:x", "$é:x"]
+    expected = [hashlib.blake2b(i.encode(), key=subkey, digest_size=16).digest() for i in ids]
+    assert store.event_keys(ids) == expected
+    assert [store.event_key(i) for i in ids] == expected

@@ -7,7 +7,13 @@ committed page to the next. What the driver guarantees:
 
 - while a page commits, the next page (the flow's ``prefetch``) is already
   being fetched, so a walk costs about its round trips; a prefetch the flow
-  does not ask for (the walk ended) is cancelled;
+  does not ask for (the walk ended) is cancelled. The request goes out once
+  the store's thread says the page's statements ran, beside the COMMIT: its
+  work on the loop (building the request, reading the answer; all of the
+  answer with a server in this process) then overlaps the fsync, which holds
+  no GIL, instead of taking the GIL from the statements. Against a remote
+  server the request leaves that much later (the statements' time, well under
+  a millisecond a page, against a round trip of several);
 - a failed fetch or commit is thrown into the flow as :class:`WalkFailed`,
   with a message a user can read, and the flow settles its outcome;
 - cancelling the driving task is thrown into the flow as
@@ -100,17 +106,16 @@ async def drive(
                 else:
                     assert isinstance(effect, Commit)
                     # Awaited on every path, through the shield and, when this task
-                    # is cancelled meanwhile, once more below. Started before the
-                    # prefetch, so the page reaches the store's thread before the
-                    # next request's work takes the event loop.
+                    # is cancelled meanwhile, once more below. The prefetch starts
+                    # once the statements ran (see the module's docstring).
                     ran = StatementsRan()
                     committing = commit(state, effect, ran)
-                    if effect.prefetch is not None:
-                        ahead = (effect.prefetch, asyncio.create_task(fetch(effect.prefetch)))
                     try:
+                        await ran.wait(committing)
+                        if effect.prefetch is not None:
+                            ahead = (effect.prefetch, asyncio.create_task(fetch(effect.prefetch)))
                         if unflushed:
                             unflushed = False
-                            await ran.wait(committing)
                             await flush()
                         result = await asyncio.shield(committing)
                     except asyncio.CancelledError:

@@ -161,13 +161,13 @@ class StoreCipher:
         come from one read of the system's random source (a page of fifty rows made
         fifty), and the loop stays in one frame."""
         pairs = list(items)
-        nonces = os.urandom(_NONCE * len(pairs))
+        drawn = os.urandom(_NONCE * len(pairs))
+        nonces = [drawn[i : i + _NONCE] for i in range(0, len(drawn), _NONCE)]
         seal = self._aead.encrypt
-        out = []
-        for i, (plaintext, aad) in enumerate(pairs):
-            nonce = nonces[i * _NONCE : (i + 1) * _NONCE]
-            out.append(b"\x01" + nonce + seal(nonce, plaintext, aad or None))
-        return out
+        return [
+            b"\x01" + nonce + seal(nonce, plaintext, aad or None)
+            for nonce, (plaintext, aad) in zip(nonces, pairs, strict=True)
+        ]
 
     def decrypt(self, sealed: bytes, aad: bytes = b"") -> bytes:
         """Open a sealed value; a tampered, truncated or misplaced one is a CipherError."""
