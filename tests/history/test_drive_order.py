@@ -22,10 +22,13 @@ class Recorder:
     """A fetch that answers at once or after ``fetch_delay``, and a commit whose COMMIT
     takes ``commit_wait`` on its thread, recording what happened in which order."""
 
-    def __init__(self, *, fetch_delay: float = 0.0, commit_wait: float = 0.2) -> None:
+    def __init__(
+        self, *, fetch_delay: float = 0.0, commit_wait: float = 0.2, statements: float = 0.0
+    ) -> None:
         self.log: list[str] = []
         self.fetch_delay = fetch_delay
         self.commit_wait = commit_wait
+        self.statements = statements
         self.commits = 0
         self.fetched = 0
         self.started = asyncio.Event()  # a commit was handed over
@@ -49,6 +52,8 @@ class Recorder:
         n = self.commits
 
         def on_thread() -> PageResult:
+            if self.statements:
+                threading.Event().wait(self.statements)
             self.log.append(f"statements {n}")
             stored()
             # The COMMIT: long enough for the loop to flush the page before beside it.
@@ -112,16 +117,30 @@ async def test_a_walk_cancelled_mid_commit_counts_the_page() -> None:
     assert outcome.pages == 1 and "committed 1" in recorder.log
 
 
-async def test_the_next_page_is_requested_once_the_statements_ran_before_the_commit() -> None:
-    """The next request goes out beside the COMMIT: after page N's statements ran (so its
-    work, which takes the GIL, does not slow them down) and before its COMMIT ended."""
-    recorder = Recorder()
-    outcome = await _walk(recorder, budget=3)
-    assert outcome.pages == 3
+async def test_a_server_answering_at_once_is_asked_once_the_statements_ran() -> None:
+    """Answers faster than the statements: from the second page on, the next request goes
+    out beside the COMMIT, after page N's statements ran (its work, which takes the GIL,
+    does not slow them down) and before its COMMIT ended."""
+    recorder = Recorder(statements=0.03)
+    outcome = await _walk(recorder, budget=4)
+    assert outcome.pages == 4
     log = recorder.log
-    for n in (1, 2):  # page N's commit announces page N+1's request
+    for n in (2, 3):  # page N's commit announces page N+1's request
         at = log.index(f"fetching {n + 1}")
         assert log.index(f"statements {n}") < at < log.index(f"committed {n}"), log
+
+
+async def test_a_slow_server_is_asked_while_the_statements_run() -> None:
+    """Answers that take longer than twice the statements (a server across a network):
+    from the second page on (once both were measured), the next request goes out at
+    once, its round trip hidden behind the whole commit."""
+    recorder = Recorder(fetch_delay=0.2, statements=0.03, commit_wait=0.05)
+    outcome = await _walk(recorder, budget=4)
+    assert outcome.pages == 4
+    log = recorder.log
+    assert log.index("statements 1") < log.index("fetching 2"), log
+    for n in (2, 3):
+        assert log.index(f"fetching {n + 1}") < log.index(f"statements {n}"), log
 
 
 async def test_a_page_whose_write_fails_asks_for_no_next_page() -> None:

@@ -7,13 +7,15 @@ committed page to the next. What the driver guarantees:
 
 - while a page commits, the next page (the flow's ``prefetch``) is already
   being fetched, so a walk costs about its round trips; a prefetch the flow
-  does not ask for (the walk ended) is cancelled. The request goes out once
-  the store's thread says the page's statements ran, beside the COMMIT: its
-  work on the loop (building the request, reading the answer; all of the
-  answer with a server in this process) then overlaps the fsync, which holds
-  no GIL, instead of taking the GIL from the statements. Against a remote
-  server the request leaves that much later (the statements' time, well under
-  a millisecond a page, against a round trip of several);
+  does not ask for (the walk ended) is cancelled. When it is sent depends on
+  the server (:class:`_Pace`): at once when its answers take longer than
+  twice the page's statements (a server across a network: the round trip
+  hides behind the commit), else, and for the walk's first page, once the
+  store's thread says the statements ran, beside the COMMIT. A server that
+  answers at once (on this machine) costs only loop work (building the
+  request, reading the answer), which then overlaps the fsync, which holds
+  no GIL, instead of taking the GIL from the statements; sent at once, it
+  left the fsync overlapping nothing;
 - a failed fetch or commit is thrown into the flow as :class:`WalkFailed`,
   with a message a user can read, and the flow settles its outcome;
 - cancelling the driving task is thrown into the flow as
@@ -61,6 +63,25 @@ whether or not the driver still waits). The third argument (``stored``) is to be
 from the store's thread once the page's statements ran, before its COMMIT."""
 
 
+class _Pace:
+    """How long the walk's last answer and last page's statements took (loop seconds):
+    whether the next request goes out while the page's statements run, or after."""
+
+    __slots__ = ("fetch", "statements")
+
+    def __init__(self) -> None:
+        self.fetch: float | None = None
+        self.statements: float | None = None
+
+    def early(self) -> bool:
+        """Send at once when answers take more than twice the statements (their round
+        trip is worth overlapping). Not before both were measured: the first page's
+        request waits for its statements, so a write that fails asks for nothing."""
+        if self.fetch is None or self.statements is None:
+            return False
+        return self.fetch > 2 * self.statements
+
+
 async def _discard(task: asyncio.Task[MessagesResponse]) -> None:
     """Cancel a prefetch nobody will read, and wait until it is gone."""
     task.cancel()
@@ -81,6 +102,15 @@ async def drive(
     # Fetch, or cancelled and awaited (a stale one at once, the last one on exit).
     ahead: tuple[Request, asyncio.Task[MessagesResponse]] | None = None
     unflushed = False  # the last committed page is not flushed yet
+    loop = asyncio.get_running_loop()
+    pace = _Pace()
+
+    async def timed(request: Request) -> MessagesResponse:
+        started = loop.time()
+        page = await fetch(request)
+        pace.fetch = loop.time() - started
+        return page
+
     try:
         effect = next(flow)
         while True:
@@ -98,7 +128,7 @@ async def drive(
                             if ahead is not None:
                                 stale, ahead = ahead[1], None
                                 await _discard(stale)
-                            page = await fetch(effect.request)
+                            page = await timed(effect.request)
                     except MatrixError as exc:
                         effect = flow.throw(WalkFailed(describe(exc)))
                         continue
@@ -107,13 +137,18 @@ async def drive(
                     assert isinstance(effect, Commit)
                     # Awaited on every path, through the shield and, when this task
                     # is cancelled meanwhile, once more below. The prefetch starts
-                    # once the statements ran (see the module's docstring).
+                    # now or once the statements ran (see the module's docstring).
                     ran = StatementsRan()
+                    handed = loop.time()
                     committing = commit(state, effect, ran)
+                    prefetch = effect.prefetch
+                    if prefetch is not None and pace.early():
+                        ahead, prefetch = (prefetch, asyncio.create_task(timed(prefetch))), None
                     try:
                         await ran.wait(committing)
-                        if effect.prefetch is not None:
-                            ahead = (effect.prefetch, asyncio.create_task(fetch(effect.prefetch)))
+                        pace.statements = loop.time() - handed
+                        if prefetch is not None:
+                            ahead = (prefetch, asyncio.create_task(timed(prefetch)))
                         if unflushed:
                             unflushed = False
                             await flush()
