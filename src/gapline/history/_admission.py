@@ -103,6 +103,11 @@ def _unbundled(event: ClientEvent) -> ClientEvent:
 
 
 def _event(value: Any) -> ClientEvent | None:
+    """``value`` (a bundled event, undecoded) as an event; ``None`` when it is not one."""
+    if not isinstance(value, dict):
+        # Most bundles carry one kind (a root's thread, an edited event's edit): the other
+        # is absent, and a failed conversion raises, which costs more than the rest.
+        return None
     try:
         return msgspec.convert(value, ClientEvent)
     except (msgspec.ValidationError, TypeError):
@@ -204,31 +209,32 @@ class Admission:
             else set()
         )
         redacted_now: set[str] = set()
+        aggregates = batch.aggregates
+        # Whether each event is redacted, kept in step wherever one is purged (below and in
+        # _redact): nothing after this loop purges one.
+        gone = [is_redacted(e) for e in events]
         for i, event in enumerate(events):
-            gone = is_redacted(event)
-            tombstone = batch.get(event.event_id).redacted_by
-            if tombstone is not None and not gone:
-                event = events[i] = batch.events[event.event_id] = purged(event, tombstone)
-                gone = True
+            held = aggregates.get(event.event_id)
+            if held is not None and held.redacted_by is not None and not gone[i]:
+                events[i] = batch.events[event.event_id] = purged(event, held.redacted_by)
+                gone[i] = True
             rel = rels[i]
-            if gone or rel is None or event.event_id in seen:
+            if rel is None or gone[i] or event.event_id in seen:
                 continue
             seen.add(event.event_id)
             batch.index.append((event.event_id, rel.target, rel.kind.value))
             if not rel.valid:
                 continue
             if rel.kind is RelKind.REDACTION:
-                self._redact(batch, event, rel.target, events)
+                self._redact(batch, event, rel.target, events, gone)
                 redacted_now.add(rel.target)
             else:
                 self._relate(batch, event, rel)
-        # Each event's redaction as the loop above leaves it (nothing below purges one).
-        gone_after = [is_redacted(e) for e in events]
-        for i, (event, gone) in enumerate(zip(events, gone_after, strict=True)):
-            if gone:
+        for i, event in enumerate(events):
+            if gone[i]:
                 continue
-            held = batch.get(event.event_id)
-            if held.edits:
+            held = aggregates.get(event.event_id)
+            if held is not None and held.edits:
                 batch.put(event.event_id, only_sender(held, event.sender))
             if "m.relations" in event.unsigned:  # what _bundles reads; most events have none
                 self._bundles(batch, event)
@@ -238,9 +244,9 @@ class Admission:
         items = [self._row(batch, e) for e in events]
         items, effects = self._settle(batch, events, items, redacted_now)
         if s.thread_root is None:
-            shown = tuple(shown_in_room(u, r) for u, r in zip(update.events, rels, strict=True))
-            for event, rel, gone in zip(events, rels, gone_after, strict=True):
-                if rel is not None and rel.kind is RelKind.THREAD and not gone:
+            shown = tuple([shown_in_room(u, r) for u, r in zip(update.events, rels, strict=True)])
+            for event, rel, event_gone in zip(events, rels, gone, strict=True):
+                if rel is not None and rel.kind is RelKind.THREAD and not event_gone:
                     self.thread_replies.setdefault(rel.target, []).append(event)
         else:
             shown = (True,) * len(events)
@@ -363,14 +369,21 @@ class Admission:
                 batch.put(target, with_thread_reply(batch.get(target), thread_reply(item)))
 
     def _redact(
-        self, batch: _Batch, redaction: ClientEvent, target: str, events: list[ClientEvent]
+        self,
+        batch: _Batch,
+        redaction: ClientEvent,
+        target: str,
+        events: list[ClientEvent],
+        gone: list[bool],
     ) -> None:
+        """Redact ``target``; ``gone`` (whether each of ``events`` is redacted) follows."""
         held = batch.get(target)
         if held.redacted_by is None:
             batch.put(target, msgspec.structs.replace(held, redacted_by=redaction.event_id))
         for i, event in enumerate(events):
-            if event.event_id == target and not is_redacted(event):
+            if event.event_id == target and not gone[i]:
                 events[i] = batch.events[target] = purged(event, redaction.event_id)
+                gone[i] = True
         # The target may itself be a relation: it stops counting where it counted.
         rel = batch.relations.get(target)
         related, kind = (rel.target, rel.kind.value) if rel is not None else (None, None)
@@ -388,7 +401,7 @@ class Admission:
         relations = event.unsigned.get("m.relations")
         if not isinstance(relations, dict):
             return
-        own = relation_of(event)
+        own = batch.relations.get(event.event_id)  # its relation_of: a bundle's event is unpurged
         held = batch.get(event.event_id)
         raw_edit = relations.get("m.replace")
         # A bundled edit the aggregate holds already (its event came in this page, or

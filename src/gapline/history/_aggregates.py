@@ -99,6 +99,9 @@ class ThreadState(msgspec.Struct, frozen=True, array_like=True):
 
 
 class Aggregate(msgspec.Struct, frozen=True, array_like=True):
+    """``edits`` are in ``Revision.order``, ``annotations`` in ``(ts, event_id)``: only the
+    functions here build them, and they keep it so (a newer one is appended unsorted)."""
+
     redacted_by: str | None = None
     edits: tuple[Revision, ...] = ()
     annotations: tuple[Annotation, ...] = ()
@@ -136,17 +139,25 @@ def with_edit(
     """
     if original_sender is not None and revision.sender != original_sender:
         return aggregate
-    if any(r.event_id == revision.event_id for r in aggregate.edits):
+    held = aggregate.edits
+    order = revision.order
+    if order in aggregate.redacted_edits:
         return aggregate
-    if revision.order in aggregate.redacted_edits:
-        return aggregate
-    edits = sorted((*aggregate.edits, revision), key=lambda r: r.order)
     unknown = aggregate.unknown_before
-    mine = [r for r in edits if r.sender == revision.sender]
-    if len(mine) > EDITS_PER_SENDER:
-        dropped = mine[0]
-        edits.remove(dropped)
-        unknown = max(unknown or dropped.order, dropped.order)
+    if not held:
+        edits = [revision]  # most targets: their first edit (one sender, nothing to drop)
+    elif any(r.event_id == revision.event_id for r in held):
+        return aggregate
+    elif held[-1].order < order:
+        edits = [*held, revision]  # newer than all held (the usual order): no sort
+    else:
+        edits = sorted((*held, revision), key=lambda r: r.order)
+    if len(edits) > EDITS_PER_SENDER:
+        mine = [r for r in edits if r.sender == revision.sender]
+        if len(mine) > EDITS_PER_SENDER:
+            dropped = mine[0]
+            edits.remove(dropped)
+            unknown = max(unknown or dropped.order, dropped.order)
     if from_bundle:
         unknown = max(unknown or revision.order, revision.order)
     return msgspec.structs.replace(aggregate, edits=tuple(edits), unknown_before=unknown)
@@ -168,6 +179,9 @@ class Visible(msgspec.Struct, frozen=True):
     lost: bool = False
 
 
+_ORIGINAL = Visible(None)
+
+
 def visible_revision(aggregate: Aggregate, original_sender: str, original_type: str) -> Visible:
     """The newest valid replacement by ``(origin_server_ts, event_id)``, or the original.
 
@@ -176,10 +190,17 @@ def visible_revision(aggregate: Aggregate, original_sender: str, original_type: 
     not hold (``unknown_before``), nothing is invented: the row shows as
     edited and redacted (``lost``).
     """
-    valid = [
-        r for r in aggregate.edits if r.sender == original_sender and r.event_type == original_type
-    ]
-    best = max(valid, key=lambda r: r.order) if valid else None
+    if not aggregate.edits and not aggregate.redacted_edits:
+        return _ORIGINAL  # most aggregates: reactions, a thread
+    # ``edits`` are in order: the newest valid one is the last.
+    best = next(
+        (
+            r
+            for r in reversed(aggregate.edits)
+            if r.sender == original_sender and r.event_type == original_type
+        ),
+        None,
+    )
     newest_redacted = max(aggregate.redacted_edits) if aggregate.redacted_edits else None
     if newest_redacted is not None and (best is None or best.order < newest_redacted):
         unknown = aggregate.unknown_before
@@ -192,9 +213,15 @@ def visible_revision(aggregate: Aggregate, original_sender: str, original_type: 
 
 
 def with_annotation(aggregate: Aggregate, annotation: Annotation) -> Aggregate:
-    if any(a.event_id == annotation.event_id for a in aggregate.annotations):
+    held = aggregate.annotations
+    if not held:
+        return msgspec.structs.replace(aggregate, annotations=(annotation,))
+    if any(a.event_id == annotation.event_id for a in held):
         return aggregate
-    ordered = sorted((*aggregate.annotations, annotation), key=lambda a: (a.ts, a.event_id))
+    last = held[-1]
+    if (last.ts, last.event_id) < (annotation.ts, annotation.event_id):
+        return msgspec.structs.replace(aggregate, annotations=(*held, annotation))
+    ordered = sorted((*held, annotation), key=lambda a: (a.ts, a.event_id))
     return msgspec.structs.replace(aggregate, annotations=tuple(ordered))
 
 
