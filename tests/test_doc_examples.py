@@ -26,7 +26,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gapline.devports import free_port
 from gapline.matrix import MatrixHTTPError, Session
 from gapline.matrix.devserver import SynapseServer
 from tests.activity import Activity
@@ -211,12 +211,6 @@ def test_the_key_file_example_refuses_a_wrong_passphrase(tmp_path: Path) -> None
 
 
 # -- the relay ------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.timeout(120)

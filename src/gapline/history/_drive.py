@@ -13,9 +13,9 @@ committed page to the next. What the driver guarantees:
   hides behind the commit), else, and for the walk's first page, once the
   store's thread says the statements ran, beside the COMMIT. A server that
   answers at once (on this machine) costs only loop work (building the
-  request, reading the answer), which then overlaps the fsync, which holds
-  no GIL, instead of taking the GIL from the statements; sent at once, it
-  left the fsync overlapping nothing;
+  request, reading the answer), which then overlaps the fsync (it holds no
+  GIL) instead of taking the GIL from the statements and leaving the fsync
+  to overlap nothing;
 - a failed fetch or commit is thrown into the flow as :class:`WalkFailed`,
   with a message a user can read, and the flow settles its outcome;
 - cancelling the driving task is thrown into the flow as

@@ -39,7 +39,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,8 @@ from types import TracebackType
 from typing import Any, Self
 
 import httpx
+
+from gapline.devports import free_port
 
 from ._client import MatrixClient, Session
 
@@ -113,12 +114,6 @@ def synapse_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("synapse") is not None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def synapse_config(
@@ -259,7 +254,7 @@ class SynapseServer:
         *,
         persistent: bool = False,
     ) -> SynapseServer:
-        port = _free_port()
+        port = free_port()
         (workdir / "media").mkdir(exist_ok=True)
         _write_signing_key(workdir / "signing.key")
         config_path = workdir / "homeserver.yaml"

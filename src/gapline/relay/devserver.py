@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,44 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, Self
 
+from gapline.devports import free_port
+
 __all__ = ["RelayProcess", "RelayStartError", "free_port"]
 
 
 class RelayStartError(RuntimeError):
     pass
-
-
-def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int | None:
-    """The lowest port the kernel hands out for a bind to port 0 (Linux), if known."""
-    try:
-        with open(path) as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def free_port() -> int:
-    """A port on 127.0.0.1 that was free just now, for a server started later.
-
-    Taken below the kernel's ephemeral range where that is known: a port chosen
-    before its server starts (as when a registry names several relays first) must
-    not be handed meanwhile to another socket bound to port 0, such as an earlier
-    relay's peer listener; a port from the ephemeral range could be.
-    """
-    low = _ephemeral_low()
-    if low is not None and low > 12_000:
-        rng = random.SystemRandom()
-        for _ in range(64):
-            port = rng.randrange(10_000, low)
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue  # taken: try another
-                return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RelayProcess:

@@ -28,7 +28,6 @@ import contextlib
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -36,6 +35,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+
+from gapline.devports import free_port
 
 __all__ = ["DevPostgresError", "PostgresCluster", "find_bindir", "start_cluster"]
 
@@ -67,12 +68,6 @@ def find_bindir() -> Path:
         "no PostgreSQL server binaries found (pg_ctl/initdb not on PATH and no "
         "/usr/lib/postgresql/*/bin); install the postgresql server package"
     )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _as_server_user() -> list[str]:
@@ -240,7 +235,7 @@ def start_cluster(
         options.update(settings or {})
         last_error = ""
         for _attempt in range(5):
-            port = _free_port()
+            port = free_port()
             opts = " ".join(f"-c {k}={v}" for k, v in {**options, "port": str(port)}.items())
             start = subprocess.run(
                 [
