@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gapline.history._aggregates import Aggregate
+from gapline.history._cache_schema import HISTORY_MIGRATIONS
 from gapline.history._cache_store import CacheStore
 from gapline.history._decryption import MARK
 from gapline.history._healing import (
@@ -40,7 +41,7 @@ from gapline.history._updates import (
 )
 from gapline.history._walk_state import WalkState
 from gapline.matrix import ClientEvent
-from gapline.storage import Backend, KdfParams, open_backend, open_cipher
+from gapline.storage import Backend, Dialect, KdfParams, open_backend, open_cipher
 
 ROOM = "!room:example.org"
 
@@ -115,6 +116,18 @@ async def open_cache(dsn: str) -> CacheStore:
     backend = await open_backend(dsn)
     cipher = await open_cipher(backend, "pw", kdf_cost=KdfParams.cheap())
     return await CacheStore.open(backend, cipher)
+
+
+def history_indexes(tx: Any) -> set[str]:
+    """The names of the history tables' indexes, as this backend's catalogue lists them."""
+    if tx.dialect is Dialect.SQLITE:
+        sql = "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'history%'"
+    else:
+        sql = (
+            "SELECT indexname FROM pg_indexes"
+            " WHERE schemaname = current_schema() AND indexname LIKE 'history%'"
+        )
+    return {str(row[0]) for row in tx.all(sql, ())}
 
 
 class CacheStoreContract:
@@ -389,6 +402,30 @@ class CacheStoreContract:
         assert (second.redacted, second.body) == (True, None)
         assert second.thread_summary is not None and second.thread_summary.count == 1
         await store.backend.close()
+
+    async def test_a_store_written_with_the_by_target_index_loses_only_that_index(
+        self, dsn: str, open_store: OpenStore
+    ) -> None:
+        """Migration 4 on a store at version 3: that index goes, every other stays, and
+        the relation rules run as before."""
+        backend = await open_backend(dsn)
+        await backend.migrate("history", HISTORY_MIGRATIONS[:3])
+        before = await backend.read(history_indexes)
+        await backend.close()
+        assert "history_relation_by_target" in before
+        store = await open_store()
+        assert await store.backend.read(history_indexes) == before - {"history_relation_by_target"}
+        edit = ClientEvent(
+            event_id="$r1", type="m.room.message", sender="@a:example.org", origin_server_ts=200,
+            content={
+                "body": "* new", "m.new_content": {"body": "new"},
+                "m.relates_to": {"rel_type": "m.replace", "event_id": "$e1"},
+            },
+        )  # fmt: skip
+        await write(store, lambda s: s.ingest_sync([ev(1), edit], limited=True, prev_batch="p"))
+        window = await store.load_window(ROOM, 10)
+        assert window.items is not None
+        assert [(i.body, i.edited) for i in window.items] == [("new", True)]
 
     async def test_a_relation_in_a_later_transaction_finds_what_an_earlier_one_wrote(
         self, open_store: OpenStore

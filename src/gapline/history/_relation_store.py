@@ -244,14 +244,6 @@ class RelationTables:
             )
         }
 
-    def relations_to(self, tx: Tx, room: Room, target: str, kind: str) -> list[bytes]:
-        """Hashes of the relation events of ``kind`` seen for ``target``."""
-        rows = tx.all(
-            "SELECT event FROM history_relation WHERE room = ? AND target = ? AND kind = ?",
-            (room.rid, self._store.event_key(target), kind),
-        )
-        return [bytes(r[0]) for r in rows]
-
     # -- members --------------------------------------------------------------------------
 
     def members(self, tx: Tx, room: Room, user_ids: Iterable[str]) -> dict[str, MemberRecord]:
