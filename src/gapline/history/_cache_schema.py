@@ -131,8 +131,9 @@ CREATE TABLE history_send (
 CREATE INDEX history_send_by_room ON history_send (room, seq);
 """
 
-# No read asks for a target's relations (the aggregate on the target's row answers
-# that), so the by-target index only cost every relation insert an extra b-tree write.
+# No read asks for a target's relations (its aggregate, kept by target in
+# history_aggregate, answers that), so the index only cost every relation insert a
+# second b-tree write.
 _V4 = """
 DROP INDEX history_relation_by_target;
 """
