@@ -227,11 +227,11 @@ class BackendContract:
             )
 
         gate = Gate()
-        held = asyncio.ensure_future(db.write(gate.op))
+        held = asyncio.create_task(db.write(gate.op))
         await gate.wait_started()
         # One group: the failure rolls back only its own op, and the next one commits.
-        failing = asyncio.ensure_future(db.write(op))
-        after = asyncio.ensure_future(db.write(insert("after")))
+        failing = asyncio.create_task(db.write(op))
+        after = asyncio.create_task(db.write(insert("after")))
         await asyncio.sleep(0)
         gate.release.set()
         await held
@@ -248,7 +248,7 @@ class BackendContract:
 
     async def test_a_failing_op_rolls_back_alone_within_its_group(self, db: Backend) -> None:
         gate = Gate()
-        held = asyncio.ensure_future(db.write(gate.op))
+        held = asyncio.create_task(db.write(gate.op))
         await gate.wait_started()
 
         def half_then_fail(tx: Tx) -> None:
@@ -257,10 +257,10 @@ class BackendContract:
 
         # Queued while the writer is held: they run as one group after it.
         futures: list[asyncio.Future[Any]] = [
-            asyncio.ensure_future(db.write(insert(f"k{i}", i))) for i in range(5)
+            asyncio.create_task(db.write(insert(f"k{i}", i))) for i in range(5)
         ]
-        futures.insert(2, asyncio.ensure_future(db.write(half_then_fail)))
-        futures.append(asyncio.ensure_future(db.write(insert("k0"))))  # duplicate key
+        futures.insert(2, asyncio.create_task(db.write(half_then_fail)))
+        futures.append(asyncio.create_task(db.write(insert("k0"))))  # duplicate key
         await asyncio.sleep(0)  # let every write reach the queue
         gate.release.set()
         await held
@@ -281,10 +281,10 @@ class BackendContract:
             tx.notify("contract-events", "kept")
 
         gate = Gate()
-        held = asyncio.ensure_future(db.write(gate.op))
+        held = asyncio.create_task(db.write(gate.op))
         await gate.wait_started()
-        failing = asyncio.ensure_future(db.write(notify_then_fail))
-        kept = asyncio.ensure_future(db.write(notify))
+        failing = asyncio.create_task(db.write(notify_then_fail))
+        kept = asyncio.create_task(db.write(notify))
         await asyncio.sleep(0)
         gate.release.set()
         await held
@@ -328,10 +328,10 @@ class BackendContract:
             return out
 
         gate = Gate()
-        held = asyncio.ensure_future(db.write(gate.op))
+        held = asyncio.create_task(db.write(gate.op))
         await gate.wait_started()
         names = ["ok1", "bad1", "ok2", "bad2", "ok3"]
-        futures = [asyncio.ensure_future(db.write_batched(insert_some, k)) for k in names]
+        futures = [asyncio.create_task(db.write_batched(insert_some, k)) for k in names]
         await asyncio.sleep(0)
         gate.release.set()
         await held
@@ -355,10 +355,10 @@ class BackendContract:
             return out
 
         gate = Gate()
-        held = asyncio.ensure_future(db.write(gate.op))
+        held = asyncio.create_task(db.write(gate.op))
         await gate.wait_started()
         names = ["a", "b", "poison", "c"]
-        futures = [asyncio.ensure_future(db.write_batched(insert_all, k)) for k in names]
+        futures = [asyncio.create_task(db.write_batched(insert_all, k)) for k in names]
         await asyncio.sleep(0)
         gate.release.set()
         await held
@@ -380,13 +380,13 @@ class BackendContract:
             return [tx.execute("INSERT INTO items (k, v) VALUES (?, 0)", (k,)) for k in items]
 
         gate = Gate()
-        held = asyncio.ensure_future(db.write(gate.op))
+        held = asyncio.create_task(db.write(gate.op))
         await gate.wait_started()
         futures = [
-            asyncio.ensure_future(db.write_batched(insert_many, "1")),
-            asyncio.ensure_future(db.write_batched(insert_many, "2")),
-            asyncio.ensure_future(db.write(insert("plain"))),
-            asyncio.ensure_future(db.write_batched(insert_many, "3")),
+            asyncio.create_task(db.write_batched(insert_many, "1")),
+            asyncio.create_task(db.write_batched(insert_many, "2")),
+            asyncio.create_task(db.write(insert("plain"))),
+            asyncio.create_task(db.write_batched(insert_many, "3")),
         ]
         await asyncio.sleep(0)
         gate.release.set()
@@ -438,7 +438,7 @@ class BackendContract:
             entered.set()
             assert release.wait(30)
 
-        writing = asyncio.ensure_future(db.write(slow_write))
+        writing = asyncio.create_task(db.write(slow_write))
         assert await asyncio.to_thread(entered.wait, 30)
         # The write holds its transaction open: a read still completes, and sees
         # only what was committed. (A read that blocked would hang here.)
@@ -475,7 +475,7 @@ class BackendContract:
                 seen.append(await db.read(snapshot))
             return seen
 
-        readers = [asyncio.ensure_future(reader()) for _ in range(3)]
+        readers = [asyncio.create_task(reader()) for _ in range(3)]
         await asyncio.gather(*(writer() for _ in range(2)))
         stop = True
         observations = [obs for r in await asyncio.gather(*readers) for obs in r]
@@ -559,9 +559,9 @@ class BackendContract:
             tx.execute("INSERT INTO items (k, v) VALUES ('skipped', 0)")
 
         gate = Gate()
-        held = asyncio.ensure_future(db.write(gate.op))
+        held = asyncio.create_task(db.write(gate.op))
         await gate.wait_started()
-        victim = asyncio.ensure_future(db.write(op))
+        victim = asyncio.create_task(db.write(op))
         await asyncio.sleep(0)
         victim.cancel()
         gate.release.set()
@@ -580,7 +580,7 @@ class BackendContract:
             assert release.wait(30)
             tx.execute("INSERT INTO items (k, v) VALUES ('second', 2)")
 
-        caller = asyncio.ensure_future(db.write(two_rows))
+        caller = asyncio.create_task(db.write(two_rows))
         assert await asyncio.to_thread(entered.wait, 30)
         caller.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -595,11 +595,11 @@ class BackendContract:
         backend = await open_backend(dsn)
         await backend.migrate("contract", ITEMS)
         gate = Gate()
-        held = asyncio.ensure_future(backend.write(gate.op))
+        held = asyncio.create_task(backend.write(gate.op))
         await gate.wait_started()
-        pending = [asyncio.ensure_future(backend.write(insert(f"c{i}", i))) for i in range(20)]
+        pending = [asyncio.create_task(backend.write(insert(f"c{i}", i))) for i in range(20)]
         await asyncio.sleep(0)
-        closing = asyncio.ensure_future(backend.close())
+        closing = asyncio.create_task(backend.close())
         await asyncio.sleep(0)
         with pytest.raises(BackendClosed):
             await backend.write(insert("late"))
@@ -651,17 +651,38 @@ class BackendContract:
         backend = await open_backend(dsn)
         await backend.migrate("contract", ITEMS)
         gate = Gate()
-        held = asyncio.ensure_future(backend.write(gate.op))
+        held = asyncio.create_task(backend.write(gate.op))
         await gate.wait_started()
-        pending = asyncio.ensure_future(backend.write(insert("last")))
+        pending = asyncio.create_task(backend.write(insert("last")))
         await asyncio.sleep(0)
-        closes = [asyncio.ensure_future(backend.close()) for _ in range(3)]
+        closes = [asyncio.create_task(backend.close()) for _ in range(3)]
         await asyncio.sleep(0)
         assert not any(c.done() for c in closes)
         gate.release.set()
         await asyncio.gather(*closes)
         # Every close returned only after the queued write had committed.
         assert held.done() and pending.done() and pending.result() == 1
+
+    async def test_a_cancelled_close_does_not_stop_another_callers_close(self, dsn: str) -> None:
+        backend = await open_backend(dsn)
+        await backend.migrate("contract", ITEMS)
+        gate = Gate()
+        held = asyncio.create_task(backend.write(gate.op))
+        await gate.wait_started()
+        pending = asyncio.create_task(backend.write(insert("kept")))
+        await asyncio.sleep(0)
+        impatient = asyncio.create_task(backend.close())
+        patient = asyncio.create_task(backend.close())
+        await asyncio.sleep(0)
+        impatient.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await impatient
+        assert not patient.done()
+        gate.release.set()
+        await patient
+        assert held.done() and pending.result() == 1
+        with pytest.raises(BackendClosed):
+            await backend.read(keys)
 
     async def test_an_async_operation_is_refused_clearly(self, db: Backend) -> None:
         async def wrong(tx: Tx) -> None:

@@ -179,7 +179,7 @@ class FakeEngine:
                     return RoomBusy()
                 if self._index(room, gap_id) is None:
                     return EventNotFound()
-                task = asyncio.ensure_future(self._fill(room, gap_id))
+                task = asyncio.create_task(self._fill(room, gap_id))
                 self._ops[room] = task
                 try:
                     return await asyncio.shield(task)

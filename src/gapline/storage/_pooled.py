@@ -32,7 +32,7 @@ class PooledBackend:
         self._writer = writer
         self._readers = readers
         self._closed = False
-        self._closing: asyncio.Future[None] | None = None
+        self._closing: asyncio.Task[None] | None = None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -56,8 +56,10 @@ class PooledBackend:
     async def close(self) -> None:
         self._closed = True
         if self._closing is None:
-            self._closing = asyncio.ensure_future(self._close())
-        await asyncio.shield(self._closing)  # a second caller waits for the same close
+            # Owned by every caller of close: each awaits it (shielded, so one caller's
+            # cancellation does not stop a close another still waits for).
+            self._closing = asyncio.create_task(self._close(), name="backend close")
+        await asyncio.shield(self._closing)
 
     async def _close(self) -> None:
         await self._writer.close()
