@@ -96,6 +96,21 @@ async def queued_together(db: Backend, *writes: Coroutine[Any, Any, T]) -> list[
     return tasks
 
 
+async def held_write_and_one_queued(
+    dsn: str, key: str
+) -> tuple[Backend, Gate, asyncio.Task[None], asyncio.Task[int]]:
+    """A fresh backend whose writer a gate holds, with one insert of ``key`` queued
+    behind it: for the tests of what close does to writes still in flight."""
+    backend = await open_backend(dsn)
+    await backend.migrate("contract", ITEMS)
+    gate = Gate()
+    held = asyncio.create_task(backend.write(gate.op))
+    await gate.wait_started()
+    pending = asyncio.create_task(backend.write(insert(key)))
+    await asyncio.sleep(0)
+    return backend, gate, held, pending
+
+
 CHILD_WRITE_THEN_WAIT = """
 import asyncio, sys, time
 from gapline.storage import open_backend
@@ -648,13 +663,7 @@ class BackendContract:
         assert await db.read(keys) == []
 
     async def test_concurrent_closes_all_wait_for_the_writes(self, dsn: str) -> None:
-        backend = await open_backend(dsn)
-        await backend.migrate("contract", ITEMS)
-        gate = Gate()
-        held = asyncio.create_task(backend.write(gate.op))
-        await gate.wait_started()
-        pending = asyncio.create_task(backend.write(insert("last")))
-        await asyncio.sleep(0)
+        backend, gate, held, pending = await held_write_and_one_queued(dsn, "last")
         closes = [asyncio.create_task(backend.close()) for _ in range(3)]
         await asyncio.sleep(0)
         assert not any(c.done() for c in closes)
@@ -664,13 +673,7 @@ class BackendContract:
         assert held.done() and pending.done() and pending.result() == 1
 
     async def test_a_cancelled_close_does_not_stop_another_callers_close(self, dsn: str) -> None:
-        backend = await open_backend(dsn)
-        await backend.migrate("contract", ITEMS)
-        gate = Gate()
-        held = asyncio.create_task(backend.write(gate.op))
-        await gate.wait_started()
-        pending = asyncio.create_task(backend.write(insert("kept")))
-        await asyncio.sleep(0)
+        backend, gate, held, pending = await held_write_and_one_queued(dsn, "kept")
         impatient = asyncio.create_task(backend.close())
         patient = asyncio.create_task(backend.close())
         await asyncio.sleep(0)
