@@ -7,6 +7,10 @@ PYTHON ?= python3
 UV := $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 VENV := .venv
 RUN := $(UV) run --frozen --no-sync
+# The suite starts Python many times over (Synapse, bots, relays, the CLIs): each start
+# reads cached bytecode (in __pycache__, which git ignores) instead of compiling every
+# module again, even where the environment asks Python not to write any.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test lint types imports pytest clean
 
