@@ -8,6 +8,8 @@ terminal is gone and its output queue is full."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -80,6 +82,23 @@ def test_a_signal_ends_the_program_through_its_own_teardown(
     assert proc.returncode == 128 + signum, err
     assert marker.read_text() == "removed\n"  # once, by the program itself
     assert out == "" and "Traceback" not in err
+
+
+def test_a_burst_of_signals_still_ends_the_program(tmp_path: Path) -> None:
+    # Closing a terminal under `make demo` signals the demo twice at once (the kernel's
+    # SIGHUP to the job, and the one uv passes on): a handler that ran inside another
+    # and took the lock that one held would wait for itself for ever.
+    proc, marker = start(tmp_path, "polite")
+    sent = 0
+    while proc.poll() is None and sent < 20_000:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGHUP)
+        sent += 1
+    _, err = proc.communicate(timeout=60)
+    # After the block the default handling is back: a late one ends the process itself.
+    assert proc.returncode in (128 + signal.SIGHUP, -signal.SIGHUP), err
+    assert marker.read_text() == "removed\n"
+    assert "Traceback" not in err
 
 
 def test_a_stuck_program_is_torn_down_by_the_watcher(tmp_path: Path) -> None:

@@ -314,14 +314,16 @@ def _wait_ready(cluster: PostgresCluster, timeout: float) -> None:
 def _serve_until_stopped() -> None:
     """Manual use: print a DSN and keep the cluster until Ctrl-C, SIGTERM or SIGHUP."""
     import signal
-    import threading
 
-    stop = threading.Event()
+    # A flag, not a threading.Event: a second signal arriving while the first one's
+    # handler held the event's lock would wait for that lock for ever.
+    stopped: list[int] = []
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, lambda signum, _: stopped.append(signum))
     with start_cluster() as c:
         print(c.dsn(), flush=True)
-        stop.wait()
+        while not stopped:
+            time.sleep(0.2)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,12 @@ Textual app whose terminal closed blocks for good once its output queue is full
 (its writer thread died on the first failed write), and a blocked event loop runs
 no callback, so the handlers are Python-level ones (they run between bytecodes of
 the main thread, even while it waits on a lock) and the last resort is a thread.
+
+A handler takes no lock: it can run inside any frame of the main thread, including
+another handler's (a job's SIGHUP under ``make demo`` can reach the demo twice at
+once, from the kernel and passed on by its parent), and a lock that frame holds would
+wait for itself for ever: a `threading.Event` did, seen on a busy machine. So the handler sets a flag and writes a byte to a pipe, which
+wakes the watcher, and asks the loop to end politely through its thread-safe call.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import signal
 import threading
 from collections.abc import Callable, Generator
@@ -53,7 +60,8 @@ class WaysOut:
         self.app: _Exits | None = None  # set while the app runs
         self.task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping = threading.Event()
+        self._stopping = False  # set by stop(); never a lock (see the module's docstring)
+        self._wake: tuple[int, int] | None = None  # the watcher's pipe, while installed
         self._done = threading.Event()
         self._torn_down = threading.Event()  # the program's own path finished its teardown
 
@@ -68,19 +76,24 @@ class WaysOut:
         for the current task, until the block ends."""
         self._loop = asyncio.get_running_loop()
         self.task = asyncio.current_task()
+        wake_r, wake_w = self._wake = os.pipe()
+        os.set_blocking(wake_w, False)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         watcher = threading.Thread(
-            target=self._watch, args=(terminal,), name="ways-out", daemon=True
+            target=self._watch, args=(terminal, wake_r), name="ways-out", daemon=True
         )
         watcher.start()
         try:
             yield self
         finally:
             self._done.set()
-            self._stopping.set()
+            self._wake_watcher()
             watcher.join()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            self._wake = None
+            os.close(wake_r)
+            os.close(wake_w)
 
     def teardown(self) -> None:
         """The program's own teardown, on its way out: once it has run, the watcher no
@@ -90,6 +103,10 @@ class WaysOut:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         del frame
+        # The first signal decides; later ones are not even delivered while the block
+        # runs, so a burst cannot nest handlers until the stack overflows.
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         self.stop(signum)
 
     def stop(self, signum: int) -> None:
@@ -97,10 +114,18 @@ class WaysOut:
         decides the status); the watcher gives that ``grace`` seconds."""
         if self.signum is None:
             self.signum = signum
-        self._stopping.set()
+        self._wake_watcher()
         if self._loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop already closed
                 self._loop.call_soon_threadsafe(self._end_politely)
+
+    def _wake_watcher(self) -> None:
+        self._stopping = True
+        wake = self._wake
+        if wake is not None:
+            # Full (the watcher was woken already) or closed (it is gone): nothing to do.
+            with contextlib.suppress(OSError):
+                os.write(wake[1], b"\0")
 
     def _end_politely(self) -> None:
         if self.app is not None:
@@ -108,12 +133,13 @@ class WaysOut:
         elif self.task is not None and not self.task.done():
             self.task.cancel()
 
-    def _watch(self, terminal: int | None) -> None:
+    def _watch(self, terminal: int | None, wake: int) -> None:
         # A terminal that closed is a SIGHUP even when the kernel sent that signal only to
         # the session's leader: `make demo` run straight from `ssh -t` leaves make as the
         # leader, and make waits for its children without telling them.
-        while not self._stopping.wait(None if terminal is None else 0.5):
-            if terminal is not None and not os.isatty(terminal):
+        while not self._stopping:
+            select.select([wake], [], [], None if terminal is None else 0.5)
+            if terminal is not None and not self._stopping and not os.isatty(terminal):
                 self.stop(signal.SIGHUP)
         if self._done.wait(self.grace):
             return
