@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -208,7 +209,12 @@ async def run(
         await anon.register(f"{tag}_bot", "password")
     bot_id = f"@{tag}_bot:{homeserver_name(homeserver, server)}"
     timings = Timings()
-    store = args.store or str(Path(tempfile.mkdtemp(prefix="gapline-bench-")) / "journal.sqlite3")
+    scratch: str | None = None
+    if args.store:
+        store = args.store
+    else:
+        scratch = tempfile.mkdtemp(prefix="gapline-bench-")
+        store = str(Path(scratch) / "journal.sqlite3")
     bot = TimedBot(
         BotConfig(
             homeserver=homeserver, user=bot_id, password="password", store=store, handler=echo
@@ -252,6 +258,8 @@ async def run(
             await bot_task
         for client in senders:
             await client.aclose()
+        if scratch is not None:
+            shutil.rmtree(scratch)  # the journal this run made for itself
 
     done = [a for a in timings.answers.values() if a.sent_at and a.ack_final_end is not None]
     e2e = [a.ack_final_end - a.sent_at for a in done if a.ack_final_end is not None]

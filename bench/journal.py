@@ -45,6 +45,7 @@ import itertools
 import json
 import os
 import platform
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -507,6 +508,7 @@ async def bench_approvals(n: int, *, homeserver: str | None = None) -> dict[str,
     finally:
         if server is not None:
             server.stop()
+        shutil.rmtree(store_dir)
     trips = sorted((resumed[t] - acked[t]) * 1000 for t in resumed if t in acked)
     if len(trips) != n:
         raise SystemExit(f"{len(trips)} of {n} approvals measured")

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 from pathlib import Path
 
 import aiohttp
 import httpx
+import pytest
 
 from gapline.meshline.testing import TEST_CONTEXT, make_account, make_send_params
-from gapline.relay.devserver import RelayProcess
+from gapline.relay.devserver import RelayProcess, RelayStartError
 from tests.relay.harness import Clock, RelayUnderTest
 
 ARGS = ["--network-context", str(TEST_CONTEXT), "--rate", "1000000", "--burst", "1000000"]
@@ -80,3 +82,23 @@ async def test_sigterm_finishes_in_flight_sends_and_restart_keeps_everything(
             assert set(stored) <= set(ids)
             seqs = [item["sequence"] for item in items]
             assert seqs == sorted(set(seqs))
+
+
+def test_a_stopped_relay_leaves_no_log_file_and_keeps_its_tail(tmp_path: Path) -> None:
+    proc = RelayProcess.start(str(tmp_path / "relay.db"), extra_args=ARGS)
+    assert proc.log_path.exists()
+    assert proc.stop() == 0
+    assert not proc.log_path.exists()
+    assert "shut" in proc.log_tail().lower()  # what the relay said last, read at the stop
+    assert proc.stop() == 0  # a second stop changes nothing
+
+
+def test_a_relay_that_cannot_start_leaves_no_log_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(logs))
+    with pytest.raises(RelayStartError, match="relay did not start"):
+        RelayProcess.start(str(tmp_path), extra_args=ARGS)  # a directory: no database
+    assert list(logs.iterdir()) == []

@@ -39,6 +39,8 @@ class RelayProcess:
         self.info = info
         self.log_path = log_path
         self._log_file = log_file
+        self._final_log: str | None = None
+        """The log as it stood at :meth:`stop`, whose file is removed then."""
 
     @property
     def url(self) -> str:
@@ -97,9 +99,9 @@ class RelayProcess:
             proc.kill()
             proc.wait()
             log_file.close()
-            raise RelayStartError(
-                f"relay did not start (exit {proc.returncode}): {log_path.read_text(errors='replace')[-2000:]}"
-            )
+            text = log_path.read_text(errors="replace")
+            log_path.unlink()
+            raise RelayStartError(f"relay did not start (exit {proc.returncode}): {text[-2000:]}")
         return cls(proc, json.loads(line)["listening"], log_path, log_file)
 
     def stop(self, grace: float = 15.0) -> int:
@@ -113,10 +115,17 @@ class RelayProcess:
         self._log_file.close()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        if self._final_log is None:
+            # Kept in memory for log_tail after the stop, so no run leaves a file behind.
+            self._final_log = self.log_path.read_text(errors="replace")
+            self.log_path.unlink()
         return int(self.proc.returncode)
 
     def log_tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        text = self._final_log
+        if text is None:
+            text = self.log_path.read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
 
     def __enter__(self) -> Self:
         return self
