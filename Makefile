@@ -38,8 +38,13 @@ types: $(VENV)/.synced
 imports: $(VENV)/.synced
 	$(RUN) lint-imports
 
+# The suite runs on PYTEST_WORKERS processes (pytest-xdist; 0: in make's own pytest
+# process), each with its own throwaway Synapse and PostgreSQL. Tests that start a
+# homeserver of their own are grouped on one worker, so no two of those start at once.
+PYTEST_WORKERS ?= 2
+
 pytest: $(VENV)/.synced
-	$(RUN) pytest
+	$(RUN) pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .ruff_cache

@@ -26,9 +26,10 @@ import pytest
 from gapline.clikit import Exit
 from gapline.matrix.devserver import synapse_available
 from gapline.tui.demo import CRASH_KEY_ENV
+from tests.fixtures.synapse import OWN_HOMESERVER
 from tests.terminal import TerminalChild, kill_mentioning, processes_mentioning
 
-pytestmark = [pytest.mark.synapse, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.synapse, pytest.mark.slow, pytest.mark.timeout(300), OWN_HOMESERVER]
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL_STORY = ["--first", "5", "--more", "30"]

@@ -15,8 +15,9 @@ import sys
 import pytest
 
 from gapline.matrix.devserver import synapse_available
+from tests.fixtures.synapse import OWN_HOMESERVER
 
-pytestmark = [pytest.mark.synapse, pytest.mark.slow]
+pytestmark = [pytest.mark.synapse, pytest.mark.slow, OWN_HOMESERVER]
 
 
 def test_demo_headless_finds_and_fills_the_gap() -> None:

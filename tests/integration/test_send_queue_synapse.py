@@ -26,9 +26,10 @@ from gapline.history import (
 from gapline.matrix import MatrixClient, RetryPolicy
 from gapline.matrix.devserver import SynapseServer, SynapseStartError
 from tests.activity import Activity
+from tests.fixtures.synapse import OWN_HOMESERVER
 from tests.history.test_engine_support import PASSPHRASE, open_engine
 
-pytestmark = [pytest.mark.synapse, pytest.mark.slow]
+pytestmark = [pytest.mark.synapse, pytest.mark.slow, OWN_HOMESERVER]
 
 FAST = EngineConfig(send_backoff_s=(0.05, 0.5))
 QUICK = RetryPolicy(attempts=1, rate_limit_attempts=3)
