@@ -455,7 +455,7 @@ async def test_the_process_logs_only_json_lines_under_abuse(tmp_path: Any) -> No
         writer.close()
     finally:
         assert proc.stop() == 0
-    lines = proc.log_path.read_text().splitlines()
+    lines = proc.log_text().splitlines()
     records = [json.loads(line) for line in lines]  # every line parses
     assert not [r for r in records if "exc" in r or r["level"] in ("error", "critical")], lines
     assert sum(r["msg"] == "client disconnected mid-body" for r in records) == 3

@@ -2,7 +2,9 @@
 
 ``RelayProcess.start(dsn, ...)`` launches the command, waits for the one JSON line it
 prints on stdout once listening, and ``stop()`` sends SIGTERM, which the relay answers
-with a graceful shutdown (in-flight writes finish, WebSockets close 1001).
+with a graceful shutdown (in-flight writes finish, WebSockets close 1001). The relay's
+stderr goes to an anonymous temporary file (``log_text()``, ``log_tail()``): nothing is
+left behind however the relay ends, a SIGKILL included.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import IO, Any, Self
 
 from gapline.devports import free_port
@@ -32,15 +33,13 @@ class RelayProcess:
         self,
         proc: subprocess.Popen[bytes],
         info: dict[str, Any],
-        log_path: Path,
         log_file: IO[bytes],
     ) -> None:
         self.proc = proc
         self.info = info
-        self.log_path = log_path
         self._log_file = log_file
         self._final_log: str | None = None
-        """The log as it stood at :meth:`stop`, whose file is removed then."""
+        """The log as it stood at :meth:`stop`, which closes its file."""
 
     @property
     def url(self) -> str:
@@ -82,10 +81,8 @@ class RelayProcess:
         if network_context is not None:
             argv += ["--network-context", network_context]
         argv += list(extra_args)
-        fd, name = tempfile.mkstemp(prefix="gapline-relay-", suffix=".log")
-        os.close(fd)
-        log_path = Path(name)
-        log_file = log_path.open("wb")
+        # Anonymous: gone with its last descriptor, even after a SIGKILL of both sides.
+        log_file = tempfile.TemporaryFile(prefix="gapline-relay-", suffix=".log")  # noqa: SIM115 - closed by stop()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log_file)
         assert proc.stdout is not None
         deadline = time.monotonic() + timeout
@@ -98,11 +95,10 @@ class RelayProcess:
         if not line.startswith(b'{"listening"'):
             proc.kill()
             proc.wait()
+            text = _read_all(log_file)
             log_file.close()
-            text = log_path.read_text(errors="replace")
-            log_path.unlink()
             raise RelayStartError(f"relay did not start (exit {proc.returncode}): {text[-2000:]}")
-        return cls(proc, json.loads(line)["listening"], log_path, log_file)
+        return cls(proc, json.loads(line)["listening"], log_file)
 
     def stop(self, grace: float = 15.0) -> int:
         if self.proc.poll() is None:
@@ -112,23 +108,30 @@ class RelayProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self._log_file.close()
+        if self._final_log is None:
+            self._final_log = _read_all(self._log_file)  # for log_tail after the stop
+            self._log_file.close()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
-        if self._final_log is None:
-            # Kept in memory for log_tail after the stop, so no run leaves a file behind.
-            self._final_log = self.log_path.read_text(errors="replace")
-            self.log_path.unlink()
         return int(self.proc.returncode)
 
+    def log_text(self) -> str:
+        """Everything the relay wrote to stderr so far (or, once stopped, in all)."""
+        if self._final_log is not None:
+            return self._final_log
+        return _read_all(self._log_file)
+
     def log_tail(self, lines: int = 30) -> str:
-        text = self._final_log
-        if text is None:
-            text = self.log_path.read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
+        return "\n".join(self.log_text().splitlines()[-lines:])
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _read_all(log_file: IO[bytes]) -> str:
+    # pread: the relay appends through the same open file, whose offset must not move.
+    fd = log_file.fileno()
+    return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
