@@ -12,10 +12,11 @@ no callback, so the handlers are Python-level ones (they run between bytecodes o
 the main thread, even while it waits on a lock) and the last resort is a thread.
 
 A handler takes no lock: it can run inside any frame of the main thread, including
-another handler's (a job's SIGHUP under ``make demo`` can reach the demo twice at
-once, from the kernel and passed on by its parent), and a lock that frame holds would
-wait for itself for ever: a `threading.Event` did, seen on a busy machine. So the handler sets a flag and writes a byte to a pipe, which
-wakes the watcher, and asks the loop to end politely through its thread-safe call.
+another handler's (on a busy machine, a SIGHUP to the job of ``make demo`` reached
+the demo twice at once), and a lock that frame holds would then wait for itself for
+ever, as a `threading.Event`'s did. So the first handler ignores the stop signals
+from then on, sets a flag, writes a byte to a pipe that wakes the watcher, and asks
+the loop to end politely through its thread-safe call.
 """
 
 from __future__ import annotations
@@ -137,8 +138,10 @@ class WaysOut:
         # A terminal that closed is a SIGHUP even when the kernel sent that signal only to
         # the session's leader: `make demo` run straight from `ssh -t` leaves make as the
         # leader, and make waits for its children without telling them.
+        poller = select.poll()  # not select(): a descriptor may be above FD_SETSIZE
+        poller.register(wake, select.POLLIN)
         while not self._stopping:
-            select.select([wake], [], [], None if terminal is None else 0.5)
+            poller.poll(None if terminal is None else 500)
             if terminal is not None and not self._stopping and not os.isatty(terminal):
                 self.stop(signal.SIGHUP)
         if self._done.wait(self.grace):
