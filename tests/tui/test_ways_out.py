@@ -85,9 +85,9 @@ def test_a_signal_ends_the_program_through_its_own_teardown(
 
 
 def test_a_burst_of_signals_still_ends_the_program(tmp_path: Path) -> None:
-    # Closing a terminal under `make demo` signals the demo twice at once (the kernel's
-    # SIGHUP to the job, and the one uv passes on): a handler that ran inside another
-    # and took the lock that one held would wait for itself for ever.
+    # On a busy machine a SIGHUP to the job of `make demo` reached the demo twice at
+    # once: a handler that ran inside another and took the lock that one held would
+    # wait for itself for ever (and a long burst would nest handlers without end).
     proc, marker = start(tmp_path, "polite")
     sent = 0
     while proc.poll() is None and sent < 20_000:
